@@ -1,0 +1,83 @@
+"""Check and canonicalize ``vllm_rl`` flags when a request is submitted.
+
+Patched internal: ``vllm.v1.engine.input_processor.InputProcessor.process_inputs``.
+
+Why a patch: vLLM validates ``SamplingParams`` at admission, but its only hook for
+extra checks (a custom logits processor's ``validate_params``) also switches off
+speculative decoding, which DAS needs.  The wrapper runs before vLLM's own body, so a
+bad flag raises ``VLLMValidationError`` (HTTP 400 on the server) naming the flag, the
+request never reaches the engine, and every other request goes on.  After vLLM's body
+it writes the canonical flags (defaults filled, a group id for a group sent as one
+request) into the request's own copy of the params, before ``n > 1`` fans out.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import uuid
+
+from . import PatchMismatch
+
+TARGET = "vllm.v1.engine.input_processor.InputProcessor.process_inputs"
+CHECKED = ("0.32.0",)
+_EXPECTED_PARAMS = ("self", "request_id", "prompt", "params")
+
+
+def _target():
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    return InputProcessor
+
+
+def check() -> None:
+    """Fail loudly if vLLM no longer has the shape this patch relies on."""
+    import vllm
+    from vllm.v1.engine import async_llm, llm_engine
+
+    where = f"in vLLM {vllm.__version__} (patch checked on {', '.join(CHECKED)})"
+    fn = getattr(_target(), "process_inputs", None)
+    fn = getattr(fn, "__wrapped__", fn)
+    if fn is None:
+        raise PatchMismatch(f"{TARGET} is gone {where}")
+    names = tuple(inspect.signature(fn).parameters)[:4]
+    if names != _EXPECTED_PARAMS:
+        raise PatchMismatch(f"{TARGET} takes {names}, not {_EXPECTED_PARAMS}, {where}")
+    if "params.clone()" not in inspect.getsource(fn):
+        raise PatchMismatch(f"{TARGET} no longer gives the request its own params {where}")
+    for mod in (llm_engine, async_llm):
+        if "params = request.params" not in inspect.getsource(mod):
+            raise PatchMismatch(f"{mod.__name__} no longer fans out n > 1 from the "
+                                f"processed params {where}")
+
+
+def apply() -> None:
+    cls = _target()
+    original = cls.process_inputs
+    if getattr(original, "_vllm_rl_patched", False):
+        return
+
+    @functools.wraps(original)
+    def process_inputs(self, request_id, prompt, params, *args, **kwargs):
+        from vllm.exceptions import VLLMValidationError
+        from vllm.sampling_params import SamplingParams
+
+        from vllm_rl.flags import KEY, FlagError, extract, normalize
+
+        if not isinstance(params, SamplingParams) or not params.extra_args:
+            return original(self, request_id, prompt, params, *args, **kwargs)
+        try:
+            raw = extract(params.extra_args)
+            if raw is None:
+                return original(self, request_id, prompt, params, *args, **kwargs)
+            group_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
+            canonical = normalize(raw, n=params.n, default_group_id=group_id)
+        except FlagError as e:
+            raise VLLMValidationError(str(e), parameter=f"{KEY}.{e.flag}") from e
+        request = original(self, request_id, prompt, params, *args, **kwargs)
+        own = request.sampling_params
+        own.extra_args = {k: v for k, v in own.extra_args.items() if not k.startswith(KEY)}
+        own.extra_args[KEY] = canonical
+        return request
+
+    process_inputs._vllm_rl_patched = True
+    cls.process_inputs = process_inputs

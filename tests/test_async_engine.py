@@ -1,0 +1,63 @@
+"""The AsyncLLM way in (``vllm_rl.engine_args``): groups, records, and bad flags at submission."""
+import asyncio
+
+import pytest
+from vllm import SamplingParams
+from vllm.sampling_params import RequestOutputKind
+
+from conftest import MAX_MODEL_LEN
+from vllm_rl import Reason, RolloutInfo, engine_args, rl_params
+
+pytestmark = pytest.mark.engine
+
+BAD_FLAGS = {
+    "darts.mode": {"vllm_rl": {"darts": {"mode": "longest"}}},
+    "group.size": {"vllm_rl": {"group": {"size": -1}}},
+    "group.redundant": {"vllm_rl": {"group": {"size": 8}}},          # M' = n = 2 < M
+    "darts.unknown": {"vllm_rl": {"darts": {"unknown": 1}}},
+    "vllm_rl": {"vllm_rl": "{broken json"},
+}
+
+
+async def _collect(engine, request_id, prompt, params):
+    final = None
+    async for out in engine.generate(prompt, params, request_id=request_id):
+        final = out
+    return final
+
+
+async def _scenario(prompts):
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine = AsyncLLM.from_engine_args(engine_args(seed=0, max_model_len=MAX_MODEL_LEN))
+    try:
+        valid = asyncio.create_task(_collect(engine, "valid", prompts[0], SamplingParams(
+            n=8, temperature=1.0, max_tokens=256, seed=1, output_kind=RequestOutputKind.FINAL_ONLY,
+            extra_args=rl_params(group={"size": 4}, darts={"mode": "shortest"}))))
+        await asyncio.sleep(0.05)
+        errors = {}
+        for flag, extra in BAD_FLAGS.items():
+            try:
+                await _collect(engine, f"bad-{flag}", prompts[1],
+                               SamplingParams(n=2, max_tokens=8, extra_args=extra))
+            except Exception as e:  # noqa: BLE001 - the error is what the test inspects
+                errors[flag] = e
+        out = await valid
+        after = await _collect(engine, "after", prompts[2], SamplingParams(max_tokens=16, seed=2))
+        return errors, out, after
+    finally:
+        engine.shutdown()
+
+
+def test_async_engine_serves_groups_and_rejects_bad_flags(prompts):
+    errors, out, after = asyncio.run(_scenario(prompts))
+    assert set(errors) == set(BAD_FLAGS)
+    for flag, err in errors.items():
+        assert type(err).__name__ == "VLLMValidationError"
+        assert f"'{flag}'" in str(err) and "allowed" in str(err)
+    infos = [RolloutInfo.decode(c.stop_reason) for c in out.outputs]
+    assert len(infos) == 8 and all(i is not None for i in infos)
+    valid = [i for i in infos if i.valid]
+    if any(i.reason is Reason.DARTS_CANCELLED for i in infos):
+        assert len(valid) == 4
+    assert after.finished and after.outputs[0].token_ids

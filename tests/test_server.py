@@ -1,0 +1,110 @@
+"""The ``vllm serve`` way in: flags through ``vllm_xargs``, records in the response, HTTP 400."""
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import MAX_MODEL_LEN
+from vllm_rl import Reason, RolloutInfo, rl_xargs, server_args
+from vllm_rl.llm import CPU_KV_CACHE_BYTES
+from vllm_rl.task import MODEL_PATH
+
+pytestmark = pytest.mark.engine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("server") / "serve.log"
+    # vLLM's own `serve` subcommand, through vllm_rl.serve (the `vllm` script of the CPU
+    # wheel cannot find its distribution metadata; see vllm_rl/serve.py).
+    cmd = [sys.executable, "-m", "vllm_rl.serve", str(MODEL_PATH),
+           "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
+           "--max-model-len", str(MAX_MODEL_LEN),
+           "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES), *server_args()]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 240
+        while True:
+            try:
+                urllib.request.urlopen(base + "/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("vllm serve did not come up:\n" + log.read_text()[-3000:])
+                time.sleep(1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _post(base, body):
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def _body(prompt, **kw):
+    return {"model": str(MODEL_PATH), "prompt": prompt, "temperature": 1.0, "max_tokens": 256,
+            "seed": 1, **kw}
+
+
+def test_server_runs_a_darts_group_and_returns_records(server, prompts):
+    status, resp = _post(server, _body(prompts[0], n=8, return_token_ids=True,
+                                       vllm_xargs=rl_xargs(group={"size": 4},
+                                                           darts={"mode": "shortest"})))
+    assert status == 200, resp
+    infos = [RolloutInfo.from_openai_choice(c) for c in resp["choices"]]
+    assert len(infos) == 8 and len({i.group_id for i in infos}) == 1
+    for c, info in zip(resp["choices"], infos):
+        assert info.length == len(c["token_ids"])
+        if info.reason is Reason.DARTS_CANCELLED:
+            assert c["finish_reason"] == "abort" and info.weight == 0.0
+    if any(i.reason is Reason.DARTS_CANCELLED for i in infos):
+        assert sum(i.valid for i in infos) == 4
+
+
+def test_server_dotted_flags_are_the_same_schema(server, prompts):
+    xargs = {"vllm_rl.group.size": 4, "vllm_rl.darts.mode": "shortest"}
+    status, resp = _post(server, _body(prompts[1], n=8, vllm_xargs=xargs))
+    assert status == 200, resp
+    assert all(RolloutInfo.decode(c["stop_reason"]) for c in resp["choices"])
+
+
+def test_server_rejects_bad_flags_with_400_and_keeps_serving(server, prompts):
+    result = {}
+    slow = threading.Thread(target=lambda: result.update(
+        ok=_post(server, _body(prompts[2], n=4, max_tokens=200, ignore_eos=True))))
+    slow.start()
+    time.sleep(0.2)
+    for xargs, flag in [({"vllm_rl.darts.mode": "longest"}, "darts.mode"),
+                        (rl_xargs(group={"size": 4}, darts={"k": 2}) | {"vllm_rl.darts.k": 9}, "darts.k"),
+                        ({"vllm_rl": "{oops"}, "vllm_rl")]:
+        status, resp = _post(server, _body(prompts[3], n=4, vllm_xargs=xargs))
+        assert status == 400, resp
+        assert f"'{flag}'" in json.dumps(resp) and "allowed" in json.dumps(resp)
+    slow.join(timeout=120)
+    status, resp = result["ok"]
+    assert status == 200 and all(len(c["text"]) > 0 for c in resp["choices"])

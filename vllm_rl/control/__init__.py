@@ -1,0 +1,1 @@
+"""Trainer-side controllers (pure Python, no vLLM import), one module per technique."""

@@ -1,0 +1,73 @@
+"""Group membership and state: which requests sample the same prompt, and how far they are.
+
+A group is known by ``group.id``; its members arrive as the ``n`` children of one
+request or as ``M'`` single requests sharing the id (verl's way).  The registry keeps
+one :class:`GroupState` per live group and drops it once all ``M'`` members have left.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm_rl.flags import GroupFlags, RLFlags
+
+
+@dataclass
+class Member:
+    """The RL state of one request, attached to it once at admission."""
+
+    request_id: str
+    flags: RLFlags
+    group: "GroupState | None" = None
+    finish_rank: int | None = None
+
+
+@dataclass
+class GroupState:
+    flags: GroupFlags
+    rl: RLFlags
+    live: dict[str, Member] = field(default_factory=dict)   # not yet ended
+    arrived: int = 0
+    left: int = 0
+    ended: int = 0            # ended by the model (any reason but cancellation)
+    valid: int = 0            # of which complete answers (EOS / stop)
+    stopped: bool = False     # early stop fired: every live member is to be cancelled
+
+    @property
+    def complete(self) -> bool:
+        return self.left >= self.flags.redundant and not self.live
+
+
+class GroupRegistry:
+    def __init__(self) -> None:
+        self.groups: dict[str, GroupState] = {}
+
+    def join(self, member: Member) -> GroupState:
+        g = member.flags.group
+        assert g is not None
+        state = self.groups.get(g.id)
+        if state is None:
+            state = self.groups[g.id] = GroupState(flags=g, rl=member.flags)
+        state.live[member.request_id] = member
+        state.arrived += 1
+        member.group = state
+        return state
+
+    def record_end(self, member: Member, valid: bool) -> None:
+        """A member ended by the model; ranks follow the order of ending."""
+        state = member.group
+        assert state is not None
+        state.ended += 1
+        state.valid += int(valid)
+        member.finish_rank = state.ended
+
+    def leave(self, member: Member) -> None:
+        """The member's request is gone (finished, cancelled or aborted by the client)."""
+        state = member.group
+        if state is None or state.live.pop(member.request_id, None) is None:
+            return
+        state.left += 1
+        if state.complete:
+            self.groups.pop(state.flags.id, None)
+
+    def __len__(self) -> int:
+        return len(self.groups)

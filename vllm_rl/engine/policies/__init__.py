@@ -1,0 +1,1 @@
+"""In-engine rules, one module per technique."""

@@ -1,0 +1,148 @@
+"""RLScheduler: vLLM's AsyncScheduler plus the one place where RL techniques end requests.
+
+Use it with ``scheduler_cls="vllm_rl.engine.scheduler.RLScheduler"`` (``vllm_rl.LLM`` and
+``vllm_rl.engine_args`` set it for you).  A request without RL flags takes exactly
+vLLM's path; a request with flags gets a :class:`~vllm_rl.engine.groups.Member` at
+admission, and per step:
+
+* its new tokens pass through the enabled policies, which may end it;
+* when it ends by itself, its group may decide to stop (DARTS early stop), and the
+  scheduler then finishes every other live member at the end of the same step,
+  freeing their KV blocks and returning their partial output with a reason.
+
+Every early end keeps the tokens (and logprobs) the model really produced and writes a
+:class:`~vllm_rl.outcome.RolloutInfo` record into the request's ``stop_reason``.
+"""
+from __future__ import annotations
+
+from vllm.logger import init_logger
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.request import Request, RequestStatus
+
+from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
+from vllm_rl.engine.policies import darts
+from vllm_rl.flags import FlagError, extract, normalize, parse
+from vllm_rl.outcome import Reason, RolloutInfo
+
+logger = init_logger(__name__)
+
+# How an early end shows in vLLM's own finish_reason ("abort"): the sample did not end
+# by itself.  The exact reason is in the RolloutInfo record.
+EARLY_END_STATUS = RequestStatus.FINISHED_ABORTED
+
+
+class RLScheduler(AsyncScheduler):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rl_groups = GroupRegistry()
+        self.rl_members: dict[str, Member] = {}
+        self._stopped_groups: list[GroupState] = []
+
+    # ------------------------------------------------------------------ admission
+    def add_request(self, request: Request) -> None:
+        params = request.sampling_params
+        if params is not None and params.extra_args and request.request_id not in self.requests:
+            member = self._admit(request, params.extra_args)
+            if member is not None:
+                self.rl_members[request.request_id] = member
+                if member.flags.group is not None:
+                    self.rl_groups.join(member)
+        super().add_request(request)
+
+    def _admit(self, request: Request, extra_args: dict) -> Member | None:
+        try:
+            raw = extract(extra_args)
+            if raw is None:
+                return None
+            flags = parse(normalize(raw, n=None, default_group_id=request.request_id))
+        except FlagError as e:  # only if the front end skipped validation (no plugin)
+            logger.error("request %s: %s; serving it without RL flags", request.request_id, e)
+            return None
+        return Member(request.request_id, flags)
+
+    # ------------------------------------------------------------------ per step
+    def _update_request_with_output(
+        self, request: Request, new_token_ids: list[int], is_stale: bool = False
+    ) -> tuple[list[int], bool]:
+        new_token_ids, stopped = super()._update_request_with_output(
+            request, new_token_ids, is_stale)
+        member = self.rl_members.get(request.request_id)
+        if member is None:
+            return new_token_ids, stopped
+        group = member.group
+        if group is not None and group.stopped:
+            # Its group already has its M shortest (possibly earlier in this very step).
+            self._end_early(request, member, Reason.DARTS_CANCELLED)
+            return new_token_ids, True
+        if stopped:
+            self._record_natural_end(request, member)
+        return new_token_ids, stopped
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self._stopped_groups:
+            self._cancel_stopped_groups(outputs)
+        return outputs
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False):
+        member = self.rl_members.pop(request.request_id, None)
+        if member is not None:
+            self.rl_groups.leave(member)
+        return super()._free_request(request, delay_free_blocks)
+
+    # ------------------------------------------------------------------ helpers
+    def _record_natural_end(self, request: Request, member: Member) -> None:
+        reason = _natural_reason(request)
+        valid = reason in (Reason.EOS, Reason.STOP)
+        group = member.group
+        if group is not None:
+            self.rl_groups.record_end(member, valid)
+            rl = member.flags
+            if rl.darts is not None and not group.stopped and darts.should_stop(
+                    rl.darts, rl.group, group.valid):
+                group.stopped = True
+                self._stopped_groups.append(group)
+        request.stop_reason = RolloutInfo(
+            reason=reason, length=request.num_output_tokens,
+            group_id=group.flags.id if group else None,
+            finish_rank=member.finish_rank, stop=request.stop_reason).encode()
+
+    def _end_early(self, request: Request, member: Member, reason: Reason) -> None:
+        request.status = EARLY_END_STATUS
+        _write_early_record(request, member, reason)
+
+    def _cancel_stopped_groups(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        """Finish the live members of early-stopped groups now and free their blocks."""
+        groups, self._stopped_groups = self._stopped_groups, []
+        for group in groups:
+            members = list(group.live.values())
+            for member in members:
+                request = self.requests.get(member.request_id)
+                if request is not None:
+                    _write_early_record(request, member, Reason.DARTS_CANCELLED)
+            for request in self.finish_requests(
+                    [m.request_id for m in members], EARLY_END_STATUS):
+                eco = outputs.get(request.client_index)
+                if eco is None:
+                    eco = outputs[request.client_index] = EngineCoreOutputs()
+                eco.outputs.append(EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=request.get_finished_reason(),
+                    stop_reason=request.stop_reason,
+                    events=request.take_events(),
+                    trace_headers=request.trace_headers,
+                ))
+
+
+def _write_early_record(request: Request, member: Member, reason: Reason) -> None:
+    request.stop_reason = RolloutInfo(
+        reason=reason, length=request.num_output_tokens, weight=0.0,
+        group_id=member.group.flags.id if member.group else None).encode()
+
+
+def _natural_reason(request: Request) -> Reason:
+    if request.status == RequestStatus.FINISHED_LENGTH_CAPPED:
+        return Reason.LENGTH
+    return Reason.EOS if request.stop_reason is None else Reason.STOP

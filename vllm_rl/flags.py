@@ -1,0 +1,257 @@
+"""Per-request RL flags: one typed schema under ``SamplingParams.extra_args["vllm_rl"]``.
+
+Build them with :func:`rl_params`; they travel unchanged over the offline API
+(``SamplingParams(extra_args=...)``) and the OpenAI-compatible server (``vllm_xargs``
+or ``extra_body={"vllm_xargs": ...}``).  Every technique is off unless its section is
+present; an absent field takes the paper's default.
+
+Flags are checked once, at submission (see ``patches/input_validation.py``): a bad flag
+raises :class:`FlagError` naming the flag and its allowed range, and only that request
+fails.  The engine parses the canonical form once per request into :class:`RLFlags`;
+its per-step loop never reads dicts.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+KEY = "vllm_rl"          # the key in SamplingParams.extra_args
+MAX_GROUP = 4096
+
+
+class FlagError(ValueError):
+    """A bad RL flag; ``flag`` is its dotted path, ``allowed`` says what it may be."""
+
+    def __init__(self, flag: str, problem: str, allowed: str):
+        self.flag, self.allowed = flag, allowed
+        super().__init__(f"vllm_rl flag '{flag}': {problem}; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class _Field:
+    kind: type | tuple[type, ...]
+    default: Any = None
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    def allowed(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        name = self.kind.__name__ if isinstance(self.kind, type) else "/".join(
+            k.__name__ for k in self.kind)
+        lo = "-inf" if self.lo is None else f"{self.lo:g}"
+        hi = "inf" if self.hi is None else f"{self.hi:g}"
+        return name if self.lo is None and self.hi is None else f"{name} in [{lo}, {hi}]"
+
+    def check(self, path: str, value: Any) -> Any:
+        if value is None:
+            return None
+        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            else:
+                raise FlagError(path, f"wrong type {type(value).__name__}", self.allowed())
+        if self.choices is not None and value not in self.choices:
+            raise FlagError(path, f"value {value!r} not allowed", self.allowed())
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            raise FlagError(path, f"value {value!r} out of range", self.allowed())
+        return value
+
+
+def _section(name: str, raw: Any, fields: dict[str, _Field]) -> dict[str, Any]:
+    """Type- and range-check one section; unknown keys are errors."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise FlagError(name, f"wrong type {type(raw).__name__}", "a mapping of flags")
+    for key in raw:
+        if key not in fields:
+            raise FlagError(f"{name}.{key}", "unknown flag", "one of " + ", ".join(fields))
+    return {k: f.check(f"{name}.{k}", raw.get(k, f.default)) for k, f in fields.items()}
+
+
+# --------------------------------------------------------------------------- sections
+
+GROUP_FIELDS = {
+    "id": _Field(str),
+    "size": _Field(int, lo=1, hi=MAX_GROUP),
+    "redundant": _Field(int, lo=1, hi=MAX_GROUP),
+}
+
+
+@dataclass(frozen=True)
+class GroupFlags:
+    """Samples of one prompt: ``size`` = M kept for training, ``redundant`` = M' generated."""
+
+    id: str
+    size: int
+    redundant: int
+
+
+DARTS_FIELDS = {
+    "mode": _Field(str, "auto", choices=("auto", "dual_end", "shortest")),
+    "k": _Field(int, lo=0, hi=MAX_GROUP),
+    "m_up": _Field(int, lo=1, hi=MAX_GROUP),
+}
+
+
+@dataclass(frozen=True)
+class DartsFlags:
+    """DARTS trajectory sampling (Sec. 4.1, 4.3.1; Alg. 2).
+
+    ``mode="shortest"`` keeps the M shortest valid samples and stops the group as soon
+    as they have finished (Alg. 2 line 12); ``"dual_end"`` lets the group run and marks
+    the ``k`` shortest and ``M - k`` longest (Alg. 2 lines 6-9); ``"auto"`` is Alg. 2's
+    switch: shortest-only once ``M' >= m_up`` (default ``2M``), else dual-end.
+    ``k`` defaults to ``M - 1`` (the paper's ``L = 1``).
+    """
+
+    mode: str
+    k: int
+    m_up: int
+
+    def early_stop(self, group: GroupFlags) -> bool:
+        if self.mode == "auto":
+            return group.redundant >= self.m_up
+        return self.mode == "shortest"
+
+
+@dataclass(frozen=True)
+class RLFlags:
+    """The parsed flags of one request; a ``None`` section means the technique is off."""
+
+    group: GroupFlags | None = None
+    darts: DartsFlags | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+SECTIONS = ("group", "darts")
+
+
+def _group(raw: dict[str, Any], n: int | None, path: str = "group") -> dict[str, Any]:
+    g = _section(path, raw, GROUP_FIELDS)
+    if n is not None and n > 1:
+        if g["redundant"] is None:
+            g["redundant"] = n
+        elif g["redundant"] != n:
+            raise FlagError(f"{path}.redundant", f"{g['redundant']} differs from n={n}",
+                            f"equal to n ({n}) when one request carries the whole group")
+    if g["size"] is None:
+        g["size"] = g["redundant"] or n or 1
+    if g["redundant"] is None:
+        g["redundant"] = g["size"]
+    if g["redundant"] < g["size"]:
+        raise FlagError(f"{path}.redundant", f"{g['redundant']} < group.size {g['size']}",
+                        f"int in [{g['size']}, {MAX_GROUP}] (M' >= M)")
+    return g
+
+
+def _darts(raw: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
+    d = _section("darts", raw, DARTS_FIELDS)
+    m = g["size"]
+    if d["k"] is None:
+        d["k"] = max(m - 1, 0)
+    if d["k"] > m:
+        raise FlagError("darts.k", f"{d['k']} > group.size {m}", f"int in [0, {m}] (K <= M)")
+    if d["m_up"] is None:
+        d["m_up"] = 2 * m
+    if d["m_up"] < m:
+        raise FlagError("darts.m_up", f"{d['m_up']} < group.size {m}", f"int in [{m}, {MAX_GROUP}]")
+    return d
+
+
+def extract(extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The raw RL flags of a request's ``extra_args``, or None if it has none.
+
+    The OpenAI server's ``vllm_xargs`` holds only flat values, so besides the nested
+    mapping the flags may come as a JSON string (``{"vllm_rl": "{\"darts\": {}}"}``, what
+    :func:`rl_xargs` builds) or as dotted keys (``{"vllm_rl.darts.mode": "shortest"}``).
+    """
+    if not extra_args:
+        return None
+    raw = extra_args.get(KEY)
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise FlagError(KEY, f"invalid JSON ({e.msg})", "a JSON object of technique sections")
+    dotted = [k for k in extra_args if k.startswith(KEY + ".")]
+    if not dotted:
+        return raw
+    raw = dict(raw) if isinstance(raw, dict) else {}
+    for key in dotted:
+        parts = key.split(".")
+        if len(parts) != 3:
+            raise FlagError(key[len(KEY) + 1:], "malformed dotted flag",
+                            f"'{KEY}.<section>.<flag>'")
+        section = raw.setdefault(parts[1], {})
+        if not isinstance(section, dict):
+            raise FlagError(parts[1], "given both as a value and as dotted flags", "one form")
+        section[parts[2]] = extra_args[key]
+    return raw
+
+
+def normalize(raw: Any, n: int | None = None, default_group_id: str | None = None) -> dict:
+    """Check raw flags and return their canonical form (defaults filled in).
+
+    ``n`` is the request's ``SamplingParams.n`` (a group sent as one request);
+    ``default_group_id`` names the group when the flags do not.
+    """
+    if not isinstance(raw, dict):
+        raise FlagError(KEY, f"wrong type {type(raw).__name__}", "a mapping of technique sections")
+    for key in raw:
+        if key not in SECTIONS:
+            raise FlagError(key, "unknown technique section", "one of " + ", ".join(SECTIONS))
+    out: dict[str, Any] = {}
+    needs_group = any(raw.get(s) is not None for s in SECTIONS if s != "group")
+    if raw.get("group") is not None or needs_group or (n or 1) > 1:
+        g = _group(raw.get("group") or {}, n)
+        if g["id"] is None:
+            if n is not None and g["redundant"] > n:
+                raise FlagError("group.id", "missing", "a string shared by the "
+                                f"{g['redundant']} requests of a group sent one sample each")
+            g["id"] = default_group_id or uuid.uuid4().hex
+        out["group"] = g
+    if raw.get("darts") is not None:
+        out["darts"] = _darts(raw["darts"], out["group"])
+    return out
+
+
+def parse(canonical: dict[str, Any]) -> RLFlags:
+    """Typed flags from their canonical form (as produced by :func:`normalize`)."""
+    g = canonical.get("group")
+    d = canonical.get("darts")
+    return RLFlags(
+        group=GroupFlags(**g) if g else None,
+        darts=DartsFlags(**d) if d else None,
+    )
+
+
+def rl_params(group: dict | None = None, darts: dict | bool | None = None,
+              **sections: Any) -> dict[str, Any]:
+    """The ``extra_args`` dict that switches techniques on for a request.
+
+    >>> SamplingParams(n=16, extra_args=rl_params(group={"size": 8}, darts={"mode": "shortest"}))
+
+    ``darts=True`` enables DARTS with its defaults.  Flags are checked here too, so a
+    mistake shows at the call site.
+    """
+    raw: dict[str, Any] = {}
+    if group is not None:
+        raw["group"] = dict(group)
+    if darts is not None and darts is not False:
+        raw["darts"] = {} if darts is True else dict(darts)
+    for name, value in sections.items():
+        if value is not None and value is not False:
+            raw[name] = {} if value is True else value
+    normalize(raw)  # fail early; the raw form is sent, the engine fills the defaults
+    return {KEY: raw}
+
+
+def rl_xargs(**sections: Any) -> dict[str, str]:
+    """The same flags as :func:`rl_params`, in the form the OpenAI server's ``vllm_xargs`` takes."""
+    return {KEY: json.dumps(rl_params(**sections)[KEY], separators=(",", ":"))}

@@ -1,0 +1,87 @@
+"""The three ways to get the RL engine: offline :class:`LLM`, :func:`engine_args`, :func:`server_args`.
+
+All three set ``scheduler_cls`` to :class:`~vllm_rl.engine.scheduler.RLScheduler` with
+async scheduling on, and default the model to the embedded one.  Everything else is
+vLLM's own, with vLLM's defaults.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import vllm
+from vllm import SamplingParams
+
+from vllm_rl import SCHEDULER_CLS
+from vllm_rl.flags import extract, normalize, parse
+from vllm_rl.outcome import RolloutInfo, annotate_group
+
+CPU_KV_CACHE_BYTES = 1 << 30   # vLLM's CPU default reserves most of a NUMA node
+
+
+def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
+    from vllm.platforms import current_platform
+
+    from vllm_rl.task import MODEL_PATH
+
+    kwargs.setdefault("model", str(MODEL_PATH))
+    kwargs.setdefault("scheduler_cls", SCHEDULER_CLS)
+    kwargs.setdefault("async_scheduling", True)
+    if current_platform.is_cpu() and "gpu_memory_utilization" not in kwargs:
+        kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+    return kwargs
+
+
+class LLM(vllm.LLM):
+    """``vllm.LLM`` on the RL engine.  Same signature; ``model`` defaults to the embedded one.
+
+    :meth:`generate` returns vLLM's ``RequestOutput`` objects whose completions carry a
+    ``rollout_info`` (:class:`~vllm_rl.outcome.RolloutInfo`), with each group's
+    training-group marks filled in.
+    """
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        if model is not None:
+            kwargs["model"] = model
+        super().__init__(**_defaults(kwargs))
+
+    def generate(self, prompts, sampling_params=None, **kwargs):
+        outputs = super().generate(prompts, sampling_params, **kwargs)
+        n_prompts = len(outputs)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * n_prompts
+        else:
+            params = list(sampling_params)
+        attach_rollout_info(outputs, params)
+        return outputs
+
+
+def attach_rollout_info(outputs: Sequence[Any], params: Sequence[SamplingParams | None]) -> None:
+    """Give every completion a ``rollout_info`` and mark each group's training group."""
+    groups: dict[str, tuple[Any, list[Any]]] = {}
+    for out, sp in zip(outputs, params):
+        raw = extract(sp.extra_args) if sp is not None else None
+        for c in out.outputs:
+            c.rollout_info = RolloutInfo.from_completion(c)
+            gid = c.rollout_info.group_id
+            if raw is not None and gid is not None:
+                flags = parse(normalize(raw, n=sp.n, default_group_id=gid))
+                groups.setdefault(gid, (flags, []))[1].append(c)
+    for flags, completions in groups.values():
+        if flags.darts is None:
+            continue
+        infos = annotate_group([c.rollout_info for c in completions], flags.group.size,
+                               flags.darts.k, flags.darts.early_stop(flags.group))
+        for c, info in zip(completions, infos):
+            c.rollout_info = info
+
+
+def engine_args(**kwargs: Any):
+    """``AsyncEngineArgs`` for an ``AsyncLLM`` server on the RL engine."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(**_defaults(kwargs))
+
+
+def server_args() -> list[str]:
+    """The ``vllm serve`` flags that select the RL engine."""
+    return ["--scheduler-cls", SCHEDULER_CLS, "--async-scheduling"]

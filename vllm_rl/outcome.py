@@ -1,0 +1,127 @@
+"""What happened to each sample: :class:`RolloutInfo` and the :class:`Reason` enum.
+
+The engine writes a compact record into the finished request's ``stop_reason``
+(``"vllm_rl:{json}"``), the one field vLLM already carries from the scheduler to
+``RequestOutput`` and to the OpenAI response (``choices[i].stop_reason``).  A request
+without RL flags gets no record and keeps vLLM's own ``stop_reason``.
+
+Group-level marks that only exist once the whole group is back (DARTS dual-end
+selection) are added on the client side by :func:`annotate_group`, which
+``vllm_rl.LLM`` calls for you.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+PREFIX = "vllm_rl:"
+
+
+class Reason(str, enum.Enum):
+    """Why a sample ended.  Values are stable strings (they cross the wire)."""
+
+    EOS = "eos"                          # the model ended it (EOS / stop token)
+    STOP = "stop"                        # a user stop string
+    LENGTH = "length"                    # max_tokens or max_model_len
+    ABORT = "abort"                      # aborted by the client
+    DARTS_CANCELLED = "darts_cancelled"  # its group had its M shortest (DARTS Alg. 2 l.12)
+
+    @property
+    def early(self) -> bool:
+        """Ended by an RL technique before the model finished it."""
+        return self not in (Reason.EOS, Reason.STOP, Reason.LENGTH, Reason.ABORT)
+
+
+@dataclass(frozen=True)
+class RolloutInfo:
+    """The outcome record of one sample.
+
+    ``weight`` is the sample's importance weight for the loss (0 for samples that do not
+    enter the training group).  ``finish_rank`` is the 1-based order in which the
+    sample's group members ended (cancelled ones have none).  ``selected`` says whether
+    it belongs to the M-sample training group, ``selection`` whether as one of the
+    ``"short"`` or ``"long"`` end (DARTS dual-end) or ``"shortest"`` (early stop).
+    """
+
+    reason: Reason
+    length: int
+    weight: float = 1.0
+    group_id: str | None = None
+    finish_rank: int | None = None
+    selected: bool | None = None
+    selection: str | None = None
+    stop: str | int | None = None        # vLLM's own stop_reason (stop string/token)
+
+    @property
+    def valid(self) -> bool:
+        """A complete answer: ended by the model, not cut or cancelled."""
+        return self.reason in (Reason.EOS, Reason.STOP)
+
+    # -- wire format ------------------------------------------------------------
+    def encode(self) -> str:
+        d = {k: v for k, v in asdict(self).items() if v is not None}
+        d["reason"] = self.reason.value
+        return PREFIX + json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, stop_reason: Any) -> "RolloutInfo | None":
+        if not isinstance(stop_reason, str) or not stop_reason.startswith(PREFIX):
+            return None
+        d = json.loads(stop_reason[len(PREFIX):])
+        d["reason"] = Reason(d["reason"])
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_completion(cls, completion: Any) -> "RolloutInfo":
+        """From a vLLM ``CompletionOutput`` (records absent for stock requests)."""
+        info = cls.decode(completion.stop_reason)
+        if info is not None:
+            return info
+        return cls(reason=_stock_reason(completion.finish_reason, completion.stop_reason),
+                   length=len(completion.token_ids), stop=completion.stop_reason)
+
+    @classmethod
+    def from_openai_choice(cls, choice: dict) -> "RolloutInfo":
+        """From one ``choices[i]`` of an OpenAI-compatible completion response."""
+        info = cls.decode(choice.get("stop_reason"))
+        if info is not None:
+            return info
+        tokens = choice.get("token_ids") or []
+        return cls(reason=_stock_reason(choice.get("finish_reason"), choice.get("stop_reason")),
+                   length=len(tokens), stop=choice.get("stop_reason"))
+
+
+def _stock_reason(finish_reason: str | None, stop_reason: Any) -> Reason:
+    if finish_reason == "length":
+        return Reason.LENGTH
+    if finish_reason == "abort":
+        return Reason.ABORT
+    return Reason.STOP if isinstance(stop_reason, str) else Reason.EOS
+
+
+def annotate_group(infos: list[RolloutInfo], size: int, k: int,
+                   early_stop: bool) -> list[RolloutInfo]:
+    """Mark the training group of one prompt's samples (DARTS Alg. 2).
+
+    Early stop: the engine already cut the group at its M shortest valid samples; they
+    are ``selected`` as ``"shortest"``.  Dual-end: the ``k`` shortest valid samples and
+    the ``size - k`` longest valid ones (never one cut at the length limit,
+    Sec. 4.1.2) are selected.  Unselected samples get weight 0.
+    """
+    from vllm_rl.engine.policies.darts import dual_end_selection, shortest_selection
+
+    lengths = [i.length for i in infos]
+    valid = [i.valid for i in infos]
+    if early_stop:
+        cancelled = [i.reason is Reason.DARTS_CANCELLED for i in infos]
+        marks = shortest_selection(lengths, valid, size, cancelled)
+    else:
+        marks = dual_end_selection(lengths, valid, size, k)
+    out = []
+    for info, mark in zip(infos, marks):
+        out.append(replace(info, selected=mark is not None, selection=mark,
+                           weight=info.weight if mark is not None else 0.0))
+    return out
