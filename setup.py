@@ -63,7 +63,7 @@ setup(
     include_package_data=True,
     ext_modules=ext_modules(),
     cmdclass={"build_ext": CMakeBuild},
-    install_requires=["numpy", "tqdm"],
+    install_requires=["numpy", "tqdm", "google-re2"],
     extras_require={"test": ["pytest>=8", "hypothesis>=6"]},
     entry_points={
         "vllm.general_plugins": ["vllm_rl = vllm_rl.plugin:register"],

@@ -39,19 +39,43 @@ class Config:
     baseline: str | None = None  # the stock configuration it is compared with
 
 
-def configs(m: int, m_prime: int) -> dict[str, Config]:
+# DUET's answer marker for the embedded task: its completions end "\boxed{ N }" and EOS,
+# with no blank line after the box, so the built-in math marker would never fire.
+TASK_MARKER = r"\\boxed\{[^}]*\}"
+
+
+def configs(m: int, m_prime: int, duet_flags: dict | None = None) -> dict[str, Config]:
     from vllm_rl import rl_params
 
     def darts(mode: str):
         return lambda mm, mp: rl_params(group={"size": mm}, darts={"mode": mode})
 
     stock_big, stock_small = f"stock-{m_prime}", f"stock-{m}"
-    return {c.name: c for c in (
+    cfgs = [
         Config(stock_big, "stock", m_prime, m_prime),
         Config(stock_small, "stock", m, m),
         Config("darts-shortest", "rl", m_prime, m, darts("shortest"), stock_big),
         Config("darts-dual-end", "rl", m_prime, m, darts("dual_end"), stock_big),
-    )}
+    ]
+    if duet_flags is not None:
+        cfgs.append(Config("duet", "rl", m, m, lambda mm, mp: rl_params(duet=duet_flags),
+                           stock_small))
+    return {c.name: c for c in cfgs}
+
+
+def duet_thresholds(llm, prompts: list[str], max_tokens: int, seed: int) -> dict:
+    """DUET flags as a trainer would send them: K1 = p30 and K2 = p80 of the kept lengths
+    of a previous step (here an untimed calibration step, App. A.3), and G = 150 scaled
+    from the paper's 3072-token limit to this one."""
+    from vllm import SamplingParams
+
+    outs = llm.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=max_tokens,
+                                                seed=seed), use_tqdm=False)
+    lengths = sorted(len(c.token_ids) for o in outs for c in o.outputs
+                     if c.finish_reason == "stop")
+    q = lambda p: lengths[min(len(lengths) - 1, int(p * len(lengths)))]  # noqa: E731
+    return {"k1": q(0.3), "k2": q(0.8), "grace": max(1, round(150 * max_tokens / 3072)),
+            "eps": 0.05, "pattern": TASK_MARKER}
 
 
 @dataclass
@@ -68,29 +92,24 @@ class Run:
     kept_samples: int
     kept_mean_reward: float
     kept_mean_length: float
+    aborted_share: float = 0.0       # DUET: aborted at the gate
+    eps_kept_share: float = 0.0      # DUET: kept by the coin, weight 1/eps
     reasons: dict[str, int] = field(default_factory=dict)
-
-
-def _engine_steps(llm) -> int:
-    for metric in llm.get_metrics():
-        if metric.name == "vllm:iteration_tokens_total":
-            return int(metric.count)
-    return 0
 
 
 def run_once(llm, cfg: Config, prompts: list[str], m: int, seed: int, max_tokens: int,
              repeat: int) -> Run:
     """Drive the engine's step loop over one rollout step; time each group's completion."""
     from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
     from vllm_rl.llm import attach_rollout_info
     from vllm_rl.task import reward
 
     extra = cfg.flags(m, cfg.n) if cfg.flags else None
     params = SamplingParams(n=cfg.n, temperature=1.0, max_tokens=max_tokens, seed=seed,
-                            extra_args=extra)
+                            extra_args=extra, output_kind=RequestOutputKind.FINAL_ONLY)
     engine = llm.llm_engine
-    steps0 = _engine_steps(llm)
     t0 = time.perf_counter()
     ids = {}
     for i, prompt in enumerate(prompts):
@@ -99,28 +118,32 @@ def run_once(llm, cfg: Config, prompts: list[str], m: int, seed: int, max_tokens
         engine.add_request(rid, prompt, params)
     done: dict[int, float] = {}
     outputs = [None] * len(prompts)
+    steps = 0   # the engine core sends one batch of outputs per engine step
     while engine.has_unfinished_requests():
+        steps += 1
         for out in engine.step():
-            if out.finished:
+            if out.finished:  # FINAL_ONLY: one output per request, all n samples in it
                 i = ids[out.request_id]
                 outputs[i] = out
                 done[i] = time.perf_counter() - t0
     wall = time.perf_counter() - t0
-    steps = _engine_steps(llm) - steps0
     attach_rollout_info(outputs, [params] * len(outputs))
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    kept, reasons = [], {}
+    kept, reasons, eps_kept = [], {}, 0
     for prompt, out in zip(prompts, outputs):
         for c in out.outputs:
             info = c.rollout_info
             reasons[info.reason.value] = reasons.get(info.reason.value, 0) + 1
-            if cfg.flags is None or info.selected:
+            eps_kept += info.weight > 1.0
+            if info.weight > 0:           # in the training group (stock: every sample)
                 kept.append((reward(prompt, c.text), len(c.token_ids)))
+    n_samples = sum(len(o.outputs) for o in outputs)
     times = sorted(done.values())
     q = statistics.quantiles(times, n=10) if len(times) > 1 else times * 9
     return Run(cfg.name, repeat, wall, tokens, steps, tokens / wall, statistics.median(times),
                q[8], times[-1], len(kept), statistics.mean(r for r, _ in kept),
-               statistics.mean(n for _, n in kept), reasons)
+               statistics.mean(n for _, n in kept),
+               reasons.get("duet_aborted", 0) / n_samples, eps_kept / n_samples, reasons)
 
 
 def summarize(runs: list[Run], cfgs: dict[str, Config]) -> list[dict]:
@@ -130,7 +153,8 @@ def summarize(runs: list[Run], cfgs: dict[str, Config]) -> list[dict]:
     med = {name: {k: statistics.median(getattr(r, k) for r in rs)
                   for k in ("wall_s", "generated_tokens", "engine_steps", "tokens_per_s",
                             "group_done_p50_s", "group_done_p90_s", "group_done_max_s",
-                            "kept_mean_reward", "kept_mean_length")}
+                            "kept_mean_reward", "kept_mean_length", "aborted_share",
+                            "eps_kept_share")}
            for name, rs in by.items()}
     rows = []
     for name, s in med.items():
@@ -144,20 +168,25 @@ def summarize(runs: list[Run], cfgs: dict[str, Config]) -> list[dict]:
     return rows
 
 
+COLUMNS = [  # (key, header, format)
+    ("config", "config", "{}"), ("wall_s", "wall s", "{:.2f}"),
+    ("generated_tokens", "tokens", "{:.0f}"), ("engine_steps", "steps", "{:.0f}"),
+    ("tokens_per_s", "tok/s", "{:.0f}"), ("group_done_p50_s", "grp p50 s", "{:.2f}"),
+    ("group_done_p90_s", "grp p90 s", "{:.2f}"), ("group_done_max_s", "grp max s", "{:.2f}"),
+    ("kept_mean_reward", "kept reward", "{:.3f}"), ("kept_mean_length", "kept len", "{:.1f}"),
+    ("aborted_share", "aborted", "{:.3f}"), ("eps_kept_share", "eps-kept", "{:.3f}"),
+]
+
+
 def print_table(rows: list[dict]) -> None:
-    cols = [("config", "{:<16}"), ("wall_s", "{:>7.2f}"), ("generated_tokens", "{:>8.0f}"),
-            ("engine_steps", "{:>6.0f}"), ("tokens_per_s", "{:>8.0f}"),
-            ("group_done_p50_s", "{:>6.2f}"), ("group_done_p90_s", "{:>6.2f}"),
-            ("group_done_max_s", "{:>6.2f}"), ("kept_mean_reward", "{:>6.3f}"),
-            ("kept_mean_length", "{:>6.1f}")]
-    heads = ["config", "wall s", "tokens", "steps", "tok/s", "p50 s", "p90 s", "max s",
-             "reward", "len"]
-    ratio_cols = sorted({k for r in rows for k in r if k.startswith(("wall_vs_", "tokens_vs_"))})
-    print("  ".join(f"{h:>8}" if i else f"{h:<16}" for i, h in enumerate(heads + ratio_cols)))
-    for r in rows:
-        cells = [fmt.format(r[k]) for k, fmt in cols]
-        cells += [f"{r[k]:>{len(k)}.3f}" if k in r else " " * len(k) for k in ratio_cols]
-        print("  ".join(cells))
+    ratios = sorted({k for r in rows for k in r if k.startswith(("wall_vs_", "tokens_vs_"))})
+    cols = COLUMNS + [(k, k, "{:.3f}") for k in ratios]
+    cells = [[h for _, h, _ in cols]]
+    cells += [[fmt.format(r[k]) if k in r else "" for k, _, fmt in cols] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    for row in cells:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(row, widths))))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -181,7 +210,13 @@ def main(argv: list[str] | None = None) -> None:
     from vllm_rl.task import MODEL_PATH, heldout_prompts
 
     model = args.model or str(MODEL_PATH)
-    cfgs = configs(args.m, args.m_prime)
+    common = dict(seed=args.seed, max_model_len=1024)
+    engines = {"stock": vllm.LLM(model, async_scheduling=True,
+                                 kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, **common),
+               "rl": LLM(model, **common)}
+    prompts = heldout_prompts(args.prompts)
+    duet = duet_thresholds(engines["rl"], prompts, args.max_tokens, args.seed + 1000)
+    cfgs = configs(args.m, args.m_prime, duet)
     wanted = [c for c in cfgs.values() if c.engine == "rl"]
     if args.configs != "all":
         names = args.configs.split(",")
@@ -190,11 +225,6 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"unknown configuration(s) {sorted(unknown)}; choose from {sorted(cfgs)}")
         wanted = [cfgs[n] for n in names if cfgs[n].engine == "rl"]
     stocks = [c for c in cfgs.values() if c.engine == "stock"]
-    common = dict(seed=args.seed, max_model_len=1024, disable_log_stats=False)
-    engines = {"stock": vllm.LLM(model, async_scheduling=True,
-                                 kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, **common),
-               "rl": LLM(model, **common)}
-    prompts = heldout_prompts(args.prompts)
     # Warm both engines up with the same small job, outside the timings.
     for llm in engines.values():
         llm.generate(prompts[:4], vllm.SamplingParams(n=2, max_tokens=16), use_tqdm=False)
@@ -208,11 +238,12 @@ def main(argv: list[str] | None = None) -> None:
     rows = summarize(runs, cfgs)
     print(f"\nmodel {model}; {len(prompts)} prompts; M={args.m}, M'={args.m_prime}; "
           f"max_tokens {args.max_tokens}; median of {args.repeats} interleaved repeats")
+    print(f"duet flags: {duet}")
     print_table(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"rollout-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"args": vars(args), "model": model, "summary": rows,
+    path.write_text(json.dumps({"args": vars(args), "model": model, "duet": duet, "summary": rows,
                                 "runs": [asdict(r) for r in runs]}, indent=2))
     print(f"\nwrote {path}")
 

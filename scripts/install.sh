@@ -14,7 +14,7 @@ fi
 case "$device" in cpu|cuda) ;; *) echo "VLLM_RL_DEVICE must be cpu or cuda, not '$device'" >&2; exit 2;; esac
 
 stamp="$venv/.vllm_rl-installed"
-want="$device $(cat setup.py pyproject.toml CMakeLists.txt scripts/install.sh | sha256sum | cut -c1-16)"
+want="$device $(cat setup.py pyproject.toml CMakeLists.txt scripts/install.sh csrc/* 2>/dev/null | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

@@ -16,6 +16,7 @@ BAD_FLAGS = {
     "group.redundant": {"vllm_rl": {"group": {"size": 8}}},          # M' = n = 2 < M
     "darts.unknown": {"vllm_rl": {"darts": {"unknown": 1}}},
     "vllm_rl": {"vllm_rl": "{broken json"},
+    "duet.pattern": {"vllm_rl": {"duet": {"pattern": "(a)\\1"}}},           # backreference: not RE2
 }
 
 

@@ -17,6 +17,13 @@ def test_defaults_follow_the_paper():
     assert not below.darts.early_stop(below.group)
 
 
+def test_duet_defaults_follow_the_paper_and_need_no_group():
+    flags = parse(normalize({"duet": {}}, n=1))
+    assert flags.group is None
+    d = flags.duet
+    assert (d.marker, d.grace, d.eps, d.poll, d.k1, d.k2) == ("math", 150, 0.05, 8, None, None)
+
+
 def test_no_flags_means_no_technique():
     assert extract(None) is None and extract({"other": 1}) is None
     assert parse(normalize({}, n=1)) == parse({})
@@ -49,6 +56,11 @@ def test_server_forms_are_the_same_schema():
     ({"group": {"size": 4}, "darts": {"k": 5}}, 8, "darts.k", "int in [0, 4]"),  # K > M
     ({"group": {"size": 4, "redundant": 8}}, 1, "group.id", "shared by the 8 requests"),
     ({"darts": []}, 8, "darts", "a mapping of flags"),
+    ({"duet": {"eps": 0.0}}, 1, "duet.eps", "float in [1e-06, 1]"),
+    ({"duet": {"k1": 50, "k2": 10}}, 1, "duet.k1", "K1 <= K2"),
+    ({"duet": {"marker": "latex"}}, 1, "duet.marker", "one of 'math', 'code', 'qa'"),
+    ({"duet": {"pattern": "(?=lookahead)"}}, 1, "duet.pattern", "an RE2 regular expression"),
+    ({"duet": {"pattern": "x" * 300}}, 1, "duet.pattern", "at most 256 characters"),
 ])
 def test_bad_flags_name_the_flag_and_the_range(raw, n, flag, allowed):
     with pytest.raises(FlagError) as err:

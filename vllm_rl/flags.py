@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 KEY = "vllm_rl"          # the key in SamplingParams.extra_args
@@ -120,16 +120,51 @@ class DartsFlags:
         return self.mode == "shortest"
 
 
+MARKER_KINDS = ("math", "code", "qa")
+MAX_PATTERN = 256   # characters of a user marker pattern
+
+DUET_FIELDS = {
+    "marker": _Field(str, "math", choices=MARKER_KINDS),
+    "pattern": _Field(str),
+    "k1": _Field(int, lo=0, hi=1 << 20),
+    "k2": _Field(int, lo=0, hi=1 << 20),
+    "grace": _Field(int, 150, lo=0, hi=1 << 20),
+    "eps": _Field(float, 0.05, lo=1e-6, hi=1.0),
+    "poll": _Field(int, 8, lo=1, hi=4096),
+}
+
+
+@dataclass(frozen=True)
+class DuetFlags:
+    """DUET's marker-gated abort with eps-keep (Sec. 3.2, Eq. 5; Alg. A.10 l.15-31).
+
+    From ``k1`` on, every ``poll`` tokens, the marker detector (``marker`` kind, or the
+    user ``pattern``, an RE2 regex) reads the decoded last 256 tokens.  A fired marker
+    ends the sample at most ``grace`` (G) tokens later; a sample reaching ``k2 + grace``
+    with no marker is aborted with probability ``1 - eps`` or kept to its end with weight
+    ``1/eps``.  ``k1``/``k2`` left out: the engine's online estimate (App. A.3).
+    Defaults: G = 150, eps = 0.05, poll = 8 (App. A.3).
+    """
+
+    marker: str
+    pattern: str | None
+    k1: int | None
+    k2: int | None
+    grace: int
+    eps: float
+    poll: int
+
+
 @dataclass(frozen=True)
 class RLFlags:
     """The parsed flags of one request; a ``None`` section means the technique is off."""
 
     group: GroupFlags | None = None
     darts: DartsFlags | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    duet: DuetFlags | None = None
 
 
-SECTIONS = ("group", "darts")
+SECTIONS = ("group", "darts", "duet")
 
 
 def _group(raw: dict[str, Any], n: int | None, path: str = "group") -> dict[str, Any]:
@@ -161,6 +196,21 @@ def _darts(raw: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
         d["m_up"] = 2 * m
     if d["m_up"] < m:
         raise FlagError("darts.m_up", f"{d['m_up']} < group.size {m}", f"int in [{m}, {MAX_GROUP}]")
+    return d
+
+
+def _duet(raw: dict[str, Any]) -> dict[str, Any]:
+    d = _section("duet", raw, DUET_FIELDS)
+    if d["k1"] is not None and d["k2"] is not None and d["k1"] > d["k2"]:
+        raise FlagError("duet.k1", f"{d['k1']} > duet.k2 {d['k2']}", f"int in [0, {d['k2']}] (K1 <= K2)")
+    if d["pattern"] is not None:
+        from vllm_rl.engine.policies.markers import compile_user_pattern
+
+        try:
+            compile_user_pattern(d["pattern"])
+        except ValueError as e:
+            raise FlagError("duet.pattern", str(e),
+                            f"an RE2 regular expression of at most {MAX_PATTERN} characters") from None
     return d
 
 
@@ -207,8 +257,7 @@ def normalize(raw: Any, n: int | None = None, default_group_id: str | None = Non
         if key not in SECTIONS:
             raise FlagError(key, "unknown technique section", "one of " + ", ".join(SECTIONS))
     out: dict[str, Any] = {}
-    needs_group = any(raw.get(s) is not None for s in SECTIONS if s != "group")
-    if raw.get("group") is not None or needs_group or (n or 1) > 1:
+    if raw.get("group") is not None or raw.get("darts") is not None or (n or 1) > 1:
         g = _group(raw.get("group") or {}, n)
         if g["id"] is None:
             if n is not None and g["redundant"] > n:
@@ -218,21 +267,23 @@ def normalize(raw: Any, n: int | None = None, default_group_id: str | None = Non
         out["group"] = g
     if raw.get("darts") is not None:
         out["darts"] = _darts(raw["darts"], out["group"])
+    if raw.get("duet") is not None:
+        out["duet"] = _duet(raw["duet"])
     return out
 
 
 def parse(canonical: dict[str, Any]) -> RLFlags:
     """Typed flags from their canonical form (as produced by :func:`normalize`)."""
-    g = canonical.get("group")
-    d = canonical.get("darts")
+    g, d, u = canonical.get("group"), canonical.get("darts"), canonical.get("duet")
     return RLFlags(
         group=GroupFlags(**g) if g else None,
         darts=DartsFlags(**d) if d else None,
+        duet=DuetFlags(**u) if u else None,
     )
 
 
 def rl_params(group: dict | None = None, darts: dict | bool | None = None,
-              **sections: Any) -> dict[str, Any]:
+              duet: dict | bool | None = None, **sections: Any) -> dict[str, Any]:
     """The ``extra_args`` dict that switches techniques on for a request.
 
     >>> SamplingParams(n=16, extra_args=rl_params(group={"size": 8}, darts={"mode": "shortest"}))
@@ -243,11 +294,9 @@ def rl_params(group: dict | None = None, darts: dict | bool | None = None,
     raw: dict[str, Any] = {}
     if group is not None:
         raw["group"] = dict(group)
-    if darts is not None and darts is not False:
-        raw["darts"] = {} if darts is True else dict(darts)
-    for name, value in sections.items():
+    for name, value in {"darts": darts, "duet": duet, **sections}.items():
         if value is not None and value is not False:
-            raw[name] = {} if value is True else value
+            raw[name] = {} if value is True else dict(value)
     normalize(raw)  # fail early; the raw form is sent, the engine fills the defaults
     return {KEY: raw}
 

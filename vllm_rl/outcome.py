@@ -27,11 +27,18 @@ class Reason(str, enum.Enum):
     LENGTH = "length"                    # max_tokens or max_model_len
     ABORT = "abort"                      # aborted by the client
     DARTS_CANCELLED = "darts_cancelled"  # its group had its M shortest (DARTS Alg. 2 l.12)
+    DUET_TRIMMED = "duet_trimmed"        # its answer marker fired: ended, answer complete
+    DUET_ABORTED = "duet_aborted"        # no marker by K2 + G and its coin said abort (Eq. 5)
 
     @property
     def early(self) -> bool:
         """Ended by an RL technique before the model finished it."""
         return self not in (Reason.EOS, Reason.STOP, Reason.LENGTH, Reason.ABORT)
+
+    @property
+    def valid(self) -> bool:
+        """The sample holds a complete answer (the model's end, or a fired marker)."""
+        return self in (Reason.EOS, Reason.STOP, Reason.DUET_TRIMMED)
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,8 @@ class RolloutInfo:
     sample's group members ended (cancelled ones have none).  ``selected`` says whether
     it belongs to the M-sample training group, ``selection`` whether as one of the
     ``"short"`` or ``"long"`` end (DARTS dual-end) or ``"shortest"`` (early stop).
+    DUET samples kept after the gate have ``keep_prob = eps`` and weight ``1/eps``;
+    aborted ones weight 0.
     """
 
     reason: Reason
@@ -53,11 +62,15 @@ class RolloutInfo:
     selected: bool | None = None
     selection: str | None = None
     stop: str | int | None = None        # vLLM's own stop_reason (stop string/token)
+    marker_pos: int | None = None        # DUET: tokens generated when the marker fired
+    keep_prob: float | None = None       # DUET: p_abort of Eq. 6 (eps after the gate, else 1)
+    k1: int | None = None                # DUET: the thresholds this sample ran with
+    k2: int | None = None
 
     @property
     def valid(self) -> bool:
-        """A complete answer: ended by the model, not cut or cancelled."""
-        return self.reason in (Reason.EOS, Reason.STOP)
+        """A complete answer: ended by the model or at its answer marker."""
+        return self.reason.valid
 
     # -- wire format ------------------------------------------------------------
     def encode(self) -> str:
@@ -107,7 +120,8 @@ def annotate_group(infos: list[RolloutInfo], size: int, k: int,
     """Mark the training group of one prompt's samples (DARTS Alg. 2).
 
     Early stop: the engine already cut the group at its M shortest valid samples; they
-    are ``selected`` as ``"shortest"``.  Dual-end: the ``k`` shortest valid samples and
+    are ``selected`` as ``"shortest"`` (samples cut at the length limit fill a group
+    with fewer than M valid; cancelled and DUET-aborted ones never).  Dual-end: the ``k`` shortest valid samples and
     the ``size - k`` longest valid ones (never one cut at the length limit,
     Sec. 4.1.2) are selected.  Unselected samples get weight 0.
     """
@@ -116,8 +130,8 @@ def annotate_group(infos: list[RolloutInfo], size: int, k: int,
     lengths = [i.length for i in infos]
     valid = [i.valid for i in infos]
     if early_stop:
-        cancelled = [i.reason is Reason.DARTS_CANCELLED for i in infos]
-        marks = shortest_selection(lengths, valid, size, cancelled)
+        excluded = [i.reason in (Reason.DARTS_CANCELLED, Reason.DUET_ABORTED) for i in infos]
+        marks = shortest_selection(lengths, valid, size, excluded)
     else:
         marks = dual_end_selection(lengths, valid, size, k)
     out = []

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import heapq
 import math
-import numbers
 import statistics
 from bisect import bisect_right
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_rl.control.checks import check_int as _check_int
+from vllm_rl.control.checks import check_real as _check_real
 from vllm_rl.flags import rl_params as _rl_params
 
 __all__ = [
@@ -51,24 +52,6 @@ SHORTEST = "shortest"
 
 
 # ------------------------------------------------------------------------ input checks
-
-
-def _check_int(name: str, value: Any, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an int, got {type(value).__name__}")
-    if value < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {value}")
-    return int(value)
-
-
-def _check_real(name: str, value: Any, lo: float | None = None,
-                strict: bool = False) -> float:
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if lo is not None and (value <= lo if strict else value < lo):
-        raise ValueError(f"{name} must be {'>' if strict else '>='} {lo}, got {value}")
-    return float(value)
 
 
 def _check_lengths(name: str, lengths: Iterable[float]) -> list[float]:

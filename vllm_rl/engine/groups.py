@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from vllm_rl.flags import GroupFlags, RLFlags
+
+if TYPE_CHECKING:
+    from vllm_rl.engine.policies.duet import DuetState
 
 
 @dataclass
@@ -19,6 +24,7 @@ class Member:
     flags: RLFlags
     group: "GroupState | None" = None
     finish_rank: int | None = None
+    duet: "DuetState | None" = None
 
 
 @dataclass

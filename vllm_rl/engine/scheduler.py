@@ -5,10 +5,11 @@ Use it with ``scheduler_cls="vllm_rl.engine.scheduler.RLScheduler"`` (``vllm_rl.
 vLLM's path; a request with flags gets a :class:`~vllm_rl.engine.groups.Member` at
 admission, and per step:
 
-* its new tokens pass through the enabled policies, which may end it;
-* when it ends by itself, its group may decide to stop (DARTS early stop), and the
-  scheduler then finishes every other live member at the end of the same step,
-  freeing their KV blocks and returning their partial output with a reason.
+* its new tokens pass through the enabled per-sample policy (DUET), which may end it
+  (answer complete: trimmed; no marker past ``K2 + G``: aborted unless its coin keeps it);
+* when it ends, its group may decide to stop (DARTS early stop), and the scheduler then
+  finishes every other live member at the end of the same step, freeing their KV
+  blocks and returning their partial output with a reason.
 
 Every early end keeps the tokens (and logprobs) the model really produced and writes a
 :class:`~vllm_rl.outcome.RolloutInfo` record into the request's ``stop_reason``.
@@ -21,7 +22,7 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
-from vllm_rl.engine.policies import darts
+from vllm_rl.engine.policies import darts, duet, markers
 from vllm_rl.flags import FlagError, extract, normalize, parse
 from vllm_rl.outcome import Reason, RolloutInfo
 
@@ -38,6 +39,9 @@ class RLScheduler(AsyncScheduler):
         self.rl_groups = GroupRegistry()
         self.rl_members: dict[str, Member] = {}
         self._stopped_groups: list[GroupState] = []
+        self.duet_thresholds: dict[str, duet.OnlineThresholds] = {}
+        self._duet_live: dict[str, int] = {}
+        self._tokenizer = None
 
     # ------------------------------------------------------------------ admission
     def add_request(self, request: Request) -> None:
@@ -59,7 +63,32 @@ class RLScheduler(AsyncScheduler):
         except FlagError as e:  # only if the front end skipped validation (no plugin)
             logger.error("request %s: %s; serving it without RL flags", request.request_id, e)
             return None
-        return Member(request.request_id, flags)
+        member = Member(request.request_id, flags)
+        if flags.duet is not None:
+            member.duet = self._duet_state(request, flags.duet)
+        return member
+
+    def _duet_state(self, request: Request, f) -> duet.DuetState:
+        kind = _duet_kind(f)
+        online = self.duet_thresholds.setdefault(kind, duet.OnlineThresholds())
+        cold_k1, cold_k2 = online.thresholds(request.max_tokens)
+        prompt = ""
+        if f.marker == "code" and f.pattern is None:
+            prompt = self.tokenizer.decode(request.prompt_token_ids or [])
+        self._duet_live[kind] = self._duet_live.get(kind, 0) + 1
+        return duet.DuetState(
+            flags=f, detector=markers.detector(f.marker, f.pattern, prompt),
+            k1=cold_k1 if f.k1 is None else f.k1, k2=cold_k2 if f.k2 is None else f.k2,
+            coin=duet.seeded_coin(request.sampling_params.seed, request.prompt_token_ids,
+                                  request.request_id))
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from vllm.tokenizers import cached_tokenizer_from_config
+
+            self._tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
+        return self._tokenizer
 
     # ------------------------------------------------------------------ per step
     def _update_request_with_output(
@@ -73,10 +102,19 @@ class RLScheduler(AsyncScheduler):
         group = member.group
         if group is not None and group.stopped:
             # Its group already has its M shortest (possibly earlier in this very step).
-            self._end_early(request, member, Reason.DARTS_CANCELLED)
+            request.status = EARLY_END_STATUS
+            _write_cancel_record(request, member)
             return new_token_ids, True
         if stopped:
-            self._record_natural_end(request, member)
+            self._record_end(request, member, _natural_reason(request))
+        elif member.duet is not None:
+            action = duet.step(member.duet, request.num_output_tokens,
+                               lambda: self.tokenizer.decode(
+                                   request.output_token_ids[-duet.WINDOW_TOKENS:]))
+            if action is not None:
+                request.status = EARLY_END_STATUS
+                self._record_end(request, member, _DUET_REASON[action])
+                return new_token_ids, True
         return new_token_ids, stopped
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -89,28 +127,39 @@ class RLScheduler(AsyncScheduler):
         member = self.rl_members.pop(request.request_id, None)
         if member is not None:
             self.rl_groups.leave(member)
+            if member.duet is not None:
+                self._duet_left(member.duet)
         return super()._free_request(request, delay_free_blocks)
 
+    def _duet_left(self, state: duet.DuetState) -> None:
+        """A round of DUET sampling ends when the engine has none left (App. A.3 refit)."""
+        kind = _duet_kind(state.flags)
+        self._duet_live[kind] -= 1
+        if self._duet_live[kind] == 0:
+            self.duet_thresholds[kind].end_round()
+
     # ------------------------------------------------------------------ helpers
-    def _record_natural_end(self, request: Request, member: Member) -> None:
-        reason = _natural_reason(request)
-        valid = reason in (Reason.EOS, Reason.STOP)
-        group = member.group
+    def _record_end(self, request: Request, member: Member, reason: Reason) -> None:
+        """A sample ended by itself or by its own policy: count it, maybe stop its group,
+        and write its record."""
+        group, state = member.group, member.duet
         if group is not None:
-            self.rl_groups.record_end(member, valid)
+            self.rl_groups.record_end(member, reason.valid)
             rl = member.flags
             if rl.darts is not None and not group.stopped and darts.should_stop(
                     rl.darts, rl.group, group.valid):
                 group.stopped = True
                 self._stopped_groups.append(group)
+        weight = 1.0
+        if state is not None:
+            weight = 0.0 if reason is Reason.DUET_ABORTED else state.weight
+            if reason is not Reason.DUET_ABORTED:
+                self.duet_thresholds[_duet_kind(state.flags)].observe(request.num_output_tokens)
         request.stop_reason = RolloutInfo(
-            reason=reason, length=request.num_output_tokens,
-            group_id=group.flags.id if group else None,
-            finish_rank=member.finish_rank, stop=request.stop_reason).encode()
-
-    def _end_early(self, request: Request, member: Member, reason: Reason) -> None:
-        request.status = EARLY_END_STATUS
-        _write_early_record(request, member, reason)
+            reason=reason, length=request.num_output_tokens, weight=weight,
+            group_id=group.flags.id if group else None, finish_rank=member.finish_rank,
+            stop=request.stop_reason if reason in (Reason.EOS, Reason.STOP) else None,
+            **(_duet_fields(state) if state is not None else {})).encode()
 
     def _cancel_stopped_groups(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         """Finish the live members of early-stopped groups now and free their blocks."""
@@ -120,7 +169,7 @@ class RLScheduler(AsyncScheduler):
             for member in members:
                 request = self.requests.get(member.request_id)
                 if request is not None:
-                    _write_early_record(request, member, Reason.DARTS_CANCELLED)
+                    _write_cancel_record(request, member)
             for request in self.finish_requests(
                     [m.request_id for m in members], EARLY_END_STATUS):
                 eco = outputs.get(request.client_index)
@@ -136,10 +185,23 @@ class RLScheduler(AsyncScheduler):
                 ))
 
 
-def _write_early_record(request: Request, member: Member, reason: Reason) -> None:
+def _write_cancel_record(request: Request, member: Member) -> None:
     request.stop_reason = RolloutInfo(
-        reason=reason, length=request.num_output_tokens, weight=0.0,
-        group_id=member.group.flags.id if member.group else None).encode()
+        reason=Reason.DARTS_CANCELLED, length=request.num_output_tokens, weight=0.0,
+        group_id=member.group.flags.id if member.group else None,
+        **(_duet_fields(member.duet) if member.duet is not None else {})).encode()
+
+
+def _duet_fields(state: duet.DuetState) -> dict:
+    return {"marker_pos": state.marker_pos, "keep_prob": state.keep_prob,
+            "k1": state.k1, "k2": state.k2}
+
+
+def _duet_kind(f) -> str:
+    return "pattern" if f.pattern is not None else f.marker
+
+
+_DUET_REASON = {duet.Action.TRIM: Reason.DUET_TRIMMED, duet.Action.ABORT: Reason.DUET_ABORTED}
 
 
 def _natural_reason(request: Request) -> Reason:

@@ -18,22 +18,23 @@ def should_stop(darts: DartsFlags, group: GroupFlags, num_valid_finished: int) -
 
 
 def shortest_selection(lengths: Sequence[int], valid: Sequence[bool], m: int,
-                       cancelled: Sequence[bool] | None = None) -> list[str | None]:
+                       excluded: Sequence[bool] | None = None) -> list[str | None]:
     """Shortest-only sampling: the ``m`` shortest valid samples form the group.
 
-    If fewer than ``m`` are valid, the shortest samples cut at the length limit fill
-    the group (never a cancelled one), so the trainer gets ``m`` whenever it can.
-    Returns ``"shortest"`` for the selected and ``None`` for the others.
+    If fewer than ``m`` are valid, the shortest invalid samples (cut at the length
+    limit) fill the group, never an ``excluded`` one (cancelled, or aborted by DUET),
+    so the trainer gets ``m`` whenever it can.  Returns ``"shortest"`` for the selected
+    and ``None`` for the others.
     """
     n = len(lengths)
-    cancelled = cancelled or [False] * n
+    excluded = excluded or [False] * n
     order = sorted(range(n), key=lambda i: (not valid[i], lengths[i], i))
     marks: list[str | None] = [None] * n
     taken = 0
     for i in order:
         if taken == m:
             break
-        if cancelled[i]:
+        if excluded[i]:
             continue
         marks[i] = "shortest"
         taken += 1

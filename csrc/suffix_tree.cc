@@ -1,0 +1,777 @@
+// Implementation of the depth-bounded suffix tree; invariants are stated in suffix_tree.h.
+#include "suffix_tree.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace vllm_rl {
+namespace {
+
+// Canonical capacity of an array holding n elements.
+uint32_t ceil_pow2(uint32_t n) {
+  return n <= 1 ? n : uint32_t{1} << (32 - __builtin_clz(n - 1));
+}
+
+size_t align8(size_t bytes) { return (bytes + 7) & ~size_t{7}; }
+
+size_t child_block_bytes(uint32_t cap) {
+  return cap ? align8(cap * sizeof(Token)) + cap * sizeof(void*) : 0;
+}
+
+void* xmalloc(size_t bytes) {
+  void* p = std::malloc(bytes);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+void corrupted(const char* what) { throw std::logic_error(std::string("suffix tree: ") + what); }
+
+void check_min_prob(double min_prob) {
+  if (!(min_prob >= 0.0 && min_prob <= 1.0))
+    throw std::invalid_argument("min_prob must be in [0, 1]");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Node storage.  Every allocation goes through these helpers, which keep bytes_ exact.
+
+const Token* SuffixTree::label(const Node* v) {
+  return v->ref->tokens.data() + (v->ref_end - v->len);
+}
+
+SuffixTree::Node** SuffixTree::kids(const Node* v) {
+  const size_t cap = ceil_pow2(v->nchild);
+  return reinterpret_cast<Node**>(reinterpret_cast<char*>(v->ctok) + align8(cap * sizeof(Token)));
+}
+
+SuffixTree::Node* SuffixTree::find_child(const Node* v, Token t, uint32_t* pos) {
+  const Token* begin = v->ctok;
+  const Token* end = begin + v->nchild;
+  const Token* it = std::lower_bound(begin, end, t);
+  if (pos) *pos = static_cast<uint32_t>(it - begin);
+  return (it != end && *it == t) ? kids(v)[it - begin] : nullptr;
+}
+
+SuffixTree::Node* SuffixTree::new_node(Node* parent, Seq* ref, uint32_t ref_end, uint32_t len,
+                                       uint32_t count) {
+  Node* v = new Node;
+  v->parent = parent;
+  v->ref = ref;
+  v->ref_end = ref_end;
+  v->len = static_cast<uint16_t>(len);
+  v->depth = static_cast<uint16_t>(parent->depth + len);
+  v->count = count;
+  bytes_ += sizeof(Node);
+  ++nodes_;
+  return v;
+}
+
+void SuffixTree::free_node(Node* v) {
+  if (v->ctok) {
+    std::free(v->ctok);
+    bytes_ -= child_block_bytes(ceil_pow2(v->nchild));
+  }
+  if (v->ends) {
+    std::free(v->ends);
+    bytes_ -= ceil_pow2(v->nends) * sizeof(EndRef);
+  }
+  delete v;
+  bytes_ -= sizeof(Node);
+  --nodes_;
+}
+
+void SuffixTree::child_insert(Node* v, uint32_t pos, Token t, Node* c) {
+  const uint32_t n = v->nchild, old_cap = ceil_pow2(n), new_cap = ceil_pow2(n + 1);
+  Token* old_tok = v->ctok;
+  Node** old_kids = n ? kids(v) : nullptr;
+  Token* tok = old_tok;
+  Node** kid = old_kids;
+  if (new_cap != old_cap) {
+    tok = static_cast<Token*>(xmalloc(child_block_bytes(new_cap)));
+    bytes_ += child_block_bytes(new_cap);
+    kid = reinterpret_cast<Node**>(reinterpret_cast<char*>(tok) + align8(new_cap * sizeof(Token)));
+    if (pos) {
+      std::memcpy(tok, old_tok, pos * sizeof(Token));
+      std::memcpy(kid, old_kids, pos * sizeof(Node*));
+    }
+  }
+  if (n > pos) {
+    std::memmove(tok + pos + 1, old_tok + pos, (n - pos) * sizeof(Token));
+    std::memmove(kid + pos + 1, old_kids + pos, (n - pos) * sizeof(Node*));
+  }
+  tok[pos] = t;
+  kid[pos] = c;
+  if (new_cap != old_cap && old_tok) {
+    std::free(old_tok);
+    bytes_ -= child_block_bytes(old_cap);
+  }
+  v->ctok = tok;
+  v->nchild = n + 1;
+}
+
+void SuffixTree::child_erase(Node* v, uint32_t pos) {
+  const uint32_t n = v->nchild, old_cap = ceil_pow2(n), new_cap = ceil_pow2(n - 1);
+  Token* old_tok = v->ctok;
+  Node** old_kids = kids(v);
+  if (new_cap == old_cap) {
+    std::memmove(old_tok + pos, old_tok + pos + 1, (n - pos - 1) * sizeof(Token));
+    std::memmove(old_kids + pos, old_kids + pos + 1, (n - pos - 1) * sizeof(Node*));
+    v->nchild = n - 1;
+    return;
+  }
+  Token* tok = nullptr;
+  if (new_cap) {
+    tok = static_cast<Token*>(xmalloc(child_block_bytes(new_cap)));
+    bytes_ += child_block_bytes(new_cap);
+    Node** kid =
+        reinterpret_cast<Node**>(reinterpret_cast<char*>(tok) + align8(new_cap * sizeof(Token)));
+    std::memcpy(tok, old_tok, pos * sizeof(Token));
+    std::memcpy(kid, old_kids, pos * sizeof(Node*));
+    std::memcpy(tok + pos, old_tok + pos + 1, (n - pos - 1) * sizeof(Token));
+    std::memcpy(kid + pos, old_kids + pos + 1, (n - pos - 1) * sizeof(Node*));
+  }
+  std::free(old_tok);
+  bytes_ -= child_block_bytes(old_cap);
+  v->ctok = tok;
+  v->nchild = n - 1;
+}
+
+// Resizes a trivially copyable array from old_n to new_n elements, keeping the first
+// min(old_n, new_n); reallocates only when the canonical capacity changes.
+template <class T>
+T* SuffixTree::reshape(T* p, uint32_t old_n, uint32_t new_n) {
+  const uint32_t old_cap = ceil_pow2(old_n), new_cap = ceil_pow2(new_n);
+  if (old_cap == new_cap) return p;
+  T* q = nullptr;
+  if (new_cap) {
+    q = static_cast<T*>(xmalloc(new_cap * sizeof(T)));
+    bytes_ += new_cap * sizeof(T);
+    const uint32_t keep = std::min(old_n, new_n);
+    if (keep) std::memcpy(static_cast<void*>(q), p, keep * sizeof(T));
+  }
+  if (p) {
+    std::free(p);
+    bytes_ -= old_cap * sizeof(T);
+  }
+  return q;
+}
+
+template <class T>
+void SuffixTree::push_canonical(std::vector<T>& v, const T& value) {
+  if (v.size() == v.capacity()) {
+    const size_t before = v.capacity();
+    v.reserve(ceil_pow2(static_cast<uint32_t>(v.size() + 1)));
+    bytes_ += (v.capacity() - before) * sizeof(T);
+  }
+  v.push_back(value);
+}
+
+void SuffixTree::ends_push(Node* v, Seq* x, uint32_t start) {
+  v->ends = reshape(v->ends, v->nends, v->nends + 1);
+  v->ends[v->nends] = EndRef{x, start};
+  x->slot[start] = v->nends;
+  ++v->nends;
+}
+
+// O(1): the last record fills the hole and its sequence's slot is updated.
+void SuffixTree::ends_erase(Node* v, uint32_t idx) {
+  const uint32_t last = v->nends - 1;
+  if (idx != last) {
+    v->ends[idx] = v->ends[last];
+    v->ends[idx].seq->slot[v->ends[idx].start] = idx;
+  }
+  v->ends = reshape(v->ends, v->nends, last);
+  v->nends = last;
+}
+
+// ---------------------------------------------------------------------------------------
+// Sequences: a directory sorted by id.
+
+SuffixTree::SuffixTree(int max_depth) : max_depth_(max_depth) {
+  if (max_depth < 1 || max_depth > kMaxDepthLimit)
+    throw std::invalid_argument("max_depth must be in [1, 65535]");
+  bytes_ = sizeof(*this);
+}
+
+SuffixTree::~SuffixTree() {
+  // Free every node below the root, then the sequences.
+  std::vector<Node*> stack;
+  for (uint32_t i = 0; i < root_.nchild; ++i) stack.push_back(kids(&root_)[i]);
+  while (!stack.empty()) {
+    Node* v = stack.back();
+    stack.pop_back();
+    for (uint32_t i = 0; i < v->nchild; ++i) stack.push_back(kids(v)[i]);
+    free_node(v);
+  }
+  std::free(root_.ctok);
+  for (uint32_t i = 0; i < ndir_; ++i) delete dir_[i].seq;
+  std::free(dir_);
+}
+
+SuffixTree::Seq* SuffixTree::find_seq(SeqId id) const {
+  const DirEntry* it = std::lower_bound(dir_, dir_ + ndir_, id,
+                                        [](const DirEntry& e, SeqId k) { return e.id < k; });
+  return (it != dir_ + ndir_ && it->id == id) ? it->seq : nullptr;
+}
+
+SuffixTree::Seq* SuffixTree::get_seq(SeqId id) const {
+  Seq* x = find_seq(id);
+  if (!x) throw UnknownSequence("unknown sequence id " + std::to_string(id));
+  return x;
+}
+
+SuffixTree::Seq* SuffixTree::create_seq(SeqId id) {
+  const DirEntry* it = std::lower_bound(dir_, dir_ + ndir_, id,
+                                        [](const DirEntry& e, SeqId k) { return e.id < k; });
+  const uint32_t pos = static_cast<uint32_t>(it - dir_);
+  Seq* x = new Seq;
+  x->id = id;
+  bytes_ += sizeof(Seq);
+  dir_ = reshape(dir_, ndir_, ndir_ + 1);
+  std::memmove(static_cast<void*>(dir_ + pos + 1), dir_ + pos, (ndir_ - pos) * sizeof(DirEntry));
+  dir_[pos] = DirEntry{id, x};
+  ++ndir_;
+  return x;
+}
+
+// A finished sequence needs no active list, and its buffers are trimmed to size.
+void SuffixTree::seal(Seq* x) {
+  bytes_ -= x->tokens.capacity() * sizeof(Token) + x->slot.capacity() * sizeof(uint32_t) +
+            x->active.capacity() * sizeof(Node*);
+  std::vector<Token>(x->tokens).swap(x->tokens);
+  std::vector<uint32_t>(x->slot).swap(x->slot);
+  std::vector<Node*>().swap(x->active);
+  bytes_ += x->tokens.capacity() * sizeof(Token) + x->slot.capacity() * sizeof(uint32_t);
+  x->growing = false;
+}
+
+void SuffixTree::destroy_seq(Seq* x) {
+  const DirEntry* it = std::lower_bound(dir_, dir_ + ndir_, x->id,
+                                        [](const DirEntry& e, SeqId k) { return e.id < k; });
+  const uint32_t pos = static_cast<uint32_t>(it - dir_);
+  std::memmove(static_cast<void*>(dir_ + pos), dir_ + pos + 1,
+               (ndir_ - pos - 1) * sizeof(DirEntry));
+  dir_ = reshape(dir_, ndir_, ndir_ - 1);
+  --ndir_;
+  bytes_ -= sizeof(Seq) + x->tokens.capacity() * sizeof(Token) +
+            x->slot.capacity() * sizeof(uint32_t) + x->active.capacity() * sizeof(Node*);
+  delete x;
+}
+
+// ---------------------------------------------------------------------------------------
+// Appending a token.
+
+// The node spelling P(v) + t, created if absent: either an existing child whose edge
+// is one token long, a new node splitting a longer edge after its first token, or a new
+// leaf referencing x[.., end).  The caller makes a string end there.
+SuffixTree::Node* SuffixTree::descend(Node* v, Token t, Seq* x, uint32_t end) {
+  uint32_t pos;
+  Node* c = find_child(v, t, &pos);
+  if (!c) {
+    Node* leaf = new_node(v, x, end, 1, 0);
+    child_insert(v, pos, t, leaf);
+    return leaf;
+  }
+  if (c->len == 1) return c;
+  // P(m) is a prefix of P(c), so c's reference covers it.
+  Node* m = new_node(v, c->ref, c->ref_end - c->len + 1, 1, c->count);
+  c->len -= 1;
+  c->parent = m;
+  child_insert(m, 0, label(c)[0], c);
+  kids(v)[pos] = m;
+  return m;
+}
+
+// Restores canonical form at v: a non-root node with no ending string and a single
+// child is merged into that child (the child keeps its identity and reference).
+void SuffixTree::maybe_merge(Node* v) {
+  if (v == &root_ || v->nends != 0 || v->nchild != 1) return;
+  Node* c = kids(v)[0];
+  Node* p = v->parent;
+  uint32_t pos;
+  find_child(p, label(v)[0], &pos);
+  c->len = static_cast<uint16_t>(c->len + v->len);
+  c->parent = p;
+  kids(p)[pos] = c;
+  free_node(v);
+}
+
+// The string s_j of x (j = end - 1 - depth(v)) ends at v and grows by t.  Returns its
+// new end node.  Only v and the nodes just below it change; all other nodes keep their
+// identity, so the end nodes of the other active strings stay valid.
+SuffixTree::Node* SuffixTree::extend_string(Seq* x, Node* v, Token t, uint32_t end) {
+  if (v != &root_ && v->nends == 1) {
+    // v holds only this string.  Two cases need no allocation:
+    if (v->nchild == 0) {
+      // (a) v is a leaf: lengthen its edge.
+      v->len += 1;
+      v->depth += 1;
+      v->ref = x;
+      v->ref_end = end;
+      return v;
+    }
+    Node* c = kids(v)[0];
+    if (v->nchild == 1 && v->ctok[0] == t && c->len >= 2) {
+      // (b) the single child continues with t: move the boundary one token down.
+      v->len += 1;
+      v->depth += 1;
+      v->ref = x;
+      v->ref_end = end;
+      c->len -= 1;
+      v->ctok[0] = label(c)[0];
+      return v;
+    }
+  }
+  const uint32_t j = end - 1 - v->depth;
+  Node* u = descend(v, t, x, end);
+  ends_erase(v, x->slot[j]);
+  ends_push(u, x, j);
+  u->count += 1;
+  maybe_merge(v);
+  return u;
+}
+
+void SuffixTree::append(Seq* x, Token t) {
+  const uint32_t n = static_cast<uint32_t>(x->tokens.size());
+  const uint32_t end = n + 1;
+  push_canonical(x->tokens, t);
+  push_canonical(x->slot, uint32_t{0});
+  // Active strings are ordered oldest (deepest) first; the oldest reaches D first.
+  for (Node*& v : x->active) v = extend_string(x, v, t, end);
+  if (!x->active.empty() && x->active.front()->depth == max_depth_)
+    x->active.erase(x->active.begin());
+  // The new string s_n = [t].
+  Node* u = descend(&root_, t, x, end);
+  root_.count += 1;
+  u->count += 1;
+  ends_push(u, x, n);
+  if (u->depth < max_depth_) push_canonical(x->active, u);
+}
+
+// ---------------------------------------------------------------------------------------
+// Removing a sequence.
+
+void SuffixTree::remove_strings(Seq* x) {
+  const uint32_t n = static_cast<uint32_t>(x->tokens.size());
+  const Token* tok = x->tokens.data();
+  std::vector<Node*> path;
+  // Phase 1: take every string of x out of the counts.  The walk follows child keys
+  // (x's own tokens) and edge lengths only, so it reads no references.
+  for (uint32_t j = 0; j < n; ++j) {
+    const uint32_t len = std::min<uint32_t>(n - j, max_depth_);
+    path.clear();
+    Node* v = &root_;
+    while (v->depth < len) {
+      v = find_child(v, tok[j + v->depth], nullptr);
+      if (!v) corrupted("stored string not found");
+      path.push_back(v);
+    }
+    if (v->depth != len) corrupted("stored string ends inside an edge");
+    ends_erase(v, x->slot[j]);
+    root_.count -= 1;
+    // Counts never increase downwards, so the nodes reaching zero are a tail of the
+    // path, and nothing else hangs below them.
+    size_t dead = path.size();
+    for (size_t i = 0; i < path.size(); ++i)
+      if (--path[i]->count == 0 && dead == path.size()) dead = i;
+    if (dead < path.size()) {
+      Node* p = dead ? path[dead - 1] : &root_;
+      uint32_t pos;
+      find_child(p, tok[j + p->depth], &pos);
+      child_erase(p, pos);
+      for (size_t i = dead; i < path.size(); ++i) free_node(path[i]);
+      maybe_merge(p);  // p lost a child
+    } else {
+      maybe_merge(v);  // v lost an ending string
+    }
+  }
+  // Phase 2: every surviving node that still references x has P(v) occurring in x at
+  // some start j, so the walk of s_j reaches it; point it at another occurrence.
+  std::vector<Node*> stack;
+  for (uint32_t j = 0; j < n; ++j) {
+    const uint32_t len = std::min<uint32_t>(n - j, max_depth_);
+    Node* v = &root_;
+    while (v->depth < len) {
+      v = find_child(v, tok[j + v->depth], nullptr);
+      if (!v) break;
+      if (v->ref == x) repoint(v, x, stack);
+    }
+  }
+}
+
+// Points c (and, on the way, the nodes below it that also reference x) at an occurrence
+// in a live sequence: an ending string, else a child's reference.
+void SuffixTree::repoint(Node* c, const Seq* x, std::vector<Node*>& stack) {
+  stack.clear();
+  Node* w = c;
+  while (w->ref == x) {
+    if (w->nends) {  // x's own ending strings are gone already
+      w->ref = w->ends[0].seq;
+      w->ref_end = w->ends[0].start + w->depth;
+      break;
+    }
+    // No string ends at w, so it has at least two children: prefer one already live.
+    stack.push_back(w);
+    Node** ch = kids(w);
+    Node* next = ch[0];
+    for (uint32_t i = 0; i < w->nchild; ++i)
+      if (ch[i]->ref != x) {
+        next = ch[i];
+        break;
+      }
+    w = next;
+  }
+  while (!stack.empty()) {  // a prefix of a live occurrence is a live occurrence
+    Node* u = stack.back();
+    stack.pop_back();
+    u->ref = w->ref;
+    u->ref_end = w->ref_end - w->len;
+    w = u;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Public updates.
+
+void SuffixTree::extend(SeqId id, const std::vector<Token>& tokens) {
+  std::unique_lock lock(mu_);
+  Seq* x = find_seq(id);
+  if (x && !x->growing)
+    throw std::invalid_argument("sequence " + std::to_string(id) + " is finished");
+  if (uint64_t{root_.count} + tokens.size() > UINT32_MAX)
+    throw std::length_error("a suffix tree holds at most 2^32 - 1 tokens");
+  if (!x) x = create_seq(id);
+  for (Token t : tokens) append(x, t);
+}
+
+void SuffixTree::insert(SeqId id, const std::vector<Token>& tokens) {
+  std::unique_lock lock(mu_);
+  if (find_seq(id))
+    throw std::invalid_argument("sequence " + std::to_string(id) + " already exists");
+  if (uint64_t{root_.count} + tokens.size() > UINT32_MAX)
+    throw std::length_error("a suffix tree holds at most 2^32 - 1 tokens");
+  Seq* x = create_seq(id);
+  for (Token t : tokens) append(x, t);
+  seal(x);
+}
+
+void SuffixTree::finish(SeqId id) {
+  std::unique_lock lock(mu_);
+  Seq* x = get_seq(id);
+  if (x->growing) seal(x);
+}
+
+void SuffixTree::remove(SeqId id) {
+  std::unique_lock lock(mu_);
+  Seq* x = get_seq(id);
+  remove_strings(x);
+  destroy_seq(x);
+}
+
+// ---------------------------------------------------------------------------------------
+// Queries.
+
+// Follows pat[0, k) from the root; returns how many tokens matched and where it stopped.
+uint32_t SuffixTree::walk(const Token* pat, uint32_t k, Locus* out) const {
+  const Node* v = &root_;
+  uint32_t off = 0, i = 0;
+  while (i < k) {
+    if (off == v->len) {
+      const Node* c = find_child(v, pat[i], nullptr);
+      if (!c) break;
+      v = c;
+      off = 1;
+      ++i;
+    } else {
+      const Token* lab = label(v);
+      while (i < k && off < v->len && lab[off] == pat[i]) ++off, ++i;
+      if (i < k && off < v->len) break;
+    }
+  }
+  *out = Locus{v, off};
+  return i;
+}
+
+// The longest suffix of the context, at most `cap` tokens, that the tree contains.
+// Containment is monotone in the suffix length (a suffix of a stored substring is
+// stored), so the answer is the lo with suffix lo present and lo + 1 absent: probe
+// lengths 1, 2, 4, ... until one fails, then bisect; O(log m) probes, each one top-down
+// walk of O(k) for length k, O(m log m) in total.
+//
+// A successful probe lands on a node whose reference is an occurrence of the suffix in
+// a stored sequence y.  Extending that occurrence to the left while y agrees with the
+// context raises lo at no walking cost (any occurrence of at most D tokens is indexed),
+// and the next probe is at least lo + 1.  When the referenced rollout is the one the
+// context follows, the second probe already fails and the search is over.
+uint32_t SuffixTree::longest_suffix(const std::vector<Token>& context, uint32_t cap,
+                                    Locus* out) const {
+  const uint32_t L = static_cast<uint32_t>(std::min<size_t>(context.size(), cap));
+  const Token* back = context.data() + context.size();  // back[-k]: k-th token from the end
+  uint32_t lo = 0, hi = L + 1;  // suffix of length lo is present, of length hi is not
+  Locus at{&root_, 0};          // locus of the lo-suffix when `known`
+  bool known = true;
+  auto probe = [&](uint32_t k) {
+    Locus got;
+    if (walk(back - k, k, &got) != k) {
+      hi = k;
+      return false;
+    }
+    lo = k;
+    at = got;
+    known = true;
+    const Token* y = got.node->ref->tokens.data();
+    uint32_t start = got.node->ref_end - got.node->depth;  // the k-suffix is y[start, +k)
+    uint32_t e = k;
+    while (e + 1 < hi && start > 0 && y[start - 1] == back[-static_cast<ptrdiff_t>(e) - 1]) {
+      --start;
+      ++e;
+    }
+    if (e > lo) {
+      lo = e;
+      known = false;
+    }
+    return true;
+  };
+  for (uint32_t k = 1; lo < L && probe(k);) k = std::min(L, std::max(2 * k, lo + 1));
+  while (hi - lo > 1) probe(lo + (hi - lo) / 2);
+  if (!known && walk(back - lo, lo, &at) != lo) corrupted("extended match not found");
+  *out = at;
+  return lo;
+}
+
+Draft SuffixTree::draft_unlocked(const std::vector<Token>& context, int max_tokens,
+                                 double min_prob) const {
+  if (max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
+  Draft d;
+  const uint32_t b = static_cast<uint32_t>(std::min(max_tokens, max_depth_));
+  if (b == 0) return d;
+  // Condition on at most D - b tokens so that b tokens can follow within the depth.
+  const uint32_t cap = static_cast<uint32_t>(std::max(max_depth_ - static_cast<int>(b), 1));
+  Locus at;
+  const uint32_t m = longest_suffix(context, cap, &at);
+  d.match_len = static_cast<int>(m);
+  d.match_count = at.node->count;
+  if (m == 0) return d;
+  const size_t budget = std::min<uint32_t>(b, max_depth_ - m);
+  const Node* v = at.node;
+  uint32_t off = at.off;
+  double prob = 1.0;
+  while (d.tokens.size() < budget) {
+    if (off < v->len) {  // inside an edge the continuation is certain
+      d.tokens.push_back(label(v)[off++]);
+      d.probs.push_back(prob);
+      continue;
+    }
+    if (v->nchild == 0) break;
+    Node* const* ch = kids(v);
+    const Node* best = ch[0];  // children ascend by token: strict '>' keeps the smallest
+    for (uint32_t i = 1; i < v->nchild; ++i)
+      if (ch[i]->count > best->count) best = ch[i];
+    const double p = prob * (static_cast<double>(best->count) / static_cast<double>(v->count));
+    if (p < min_prob) break;
+    prob = p;
+    v = best;
+    off = 0;
+  }
+  return d;
+}
+
+std::pair<int, int64_t> SuffixTree::match(const std::vector<Token>& context) const {
+  std::shared_lock lock(mu_);
+  Locus at;
+  const uint32_t m = longest_suffix(context, static_cast<uint32_t>(max_depth_), &at);
+  return {static_cast<int>(m), at.node->count};
+}
+
+int64_t SuffixTree::count(const std::vector<Token>& pattern) const {
+  if (pattern.size() > static_cast<size_t>(max_depth_))
+    throw std::invalid_argument("patterns longer than max_depth are not indexed");
+  std::shared_lock lock(mu_);
+  Locus at;
+  const uint32_t k = static_cast<uint32_t>(pattern.size());
+  return walk(pattern.data(), k, &at) == k ? at.node->count : 0;
+}
+
+Draft SuffixTree::draft(const std::vector<Token>& context, int max_tokens,
+                        double min_prob) const {
+  check_min_prob(min_prob);
+  std::shared_lock lock(mu_);
+  return draft_unlocked(context, max_tokens, min_prob);
+}
+
+std::vector<Draft> SuffixTree::draft_batch(const std::vector<std::vector<Token>>& contexts,
+                                           const std::vector<int>& max_tokens,
+                                           double min_prob) const {
+  check_min_prob(min_prob);
+  if (max_tokens.size() != 1 && max_tokens.size() != contexts.size())
+    throw std::invalid_argument("max_tokens: one budget, or one per context");
+  std::shared_lock lock(mu_);
+  std::vector<Draft> out;
+  out.reserve(contexts.size());
+  for (size_t i = 0; i < contexts.size(); ++i)
+    out.push_back(draft_unlocked(contexts[i], max_tokens[max_tokens.size() == 1 ? 0 : i],
+                                 min_prob));
+  return out;
+}
+
+std::vector<Draft> draft_many(const std::vector<const SuffixTree*>& trees,
+                              const std::vector<std::vector<Token>>& contexts,
+                              const std::vector<int>& max_tokens, double min_prob) {
+  check_min_prob(min_prob);
+  if (trees.size() != contexts.size())
+    throw std::invalid_argument("one tree per context");
+  if (max_tokens.size() != 1 && max_tokens.size() != contexts.size())
+    throw std::invalid_argument("max_tokens: one budget, or one per context");
+  for (const SuffixTree* t : trees)
+    if (!t) throw std::invalid_argument("tree must not be None");
+  std::vector<Draft> out;
+  out.reserve(contexts.size());
+  for (size_t i = 0; i < contexts.size(); ++i) {
+    std::shared_lock lock(trees[i]->mu_);
+    out.push_back(trees[i]->draft_unlocked(
+        contexts[i], max_tokens[max_tokens.size() == 1 ? 0 : i], min_prob));
+  }
+  return out;
+}
+
+int64_t SuffixTree::num_nodes() const {
+  std::shared_lock lock(mu_);
+  return nodes_;
+}
+
+int64_t SuffixTree::num_tokens() const {
+  std::shared_lock lock(mu_);
+  return root_.count;
+}
+
+int64_t SuffixTree::num_sequences() const {
+  std::shared_lock lock(mu_);
+  return ndir_;
+}
+
+bool SuffixTree::contains(SeqId id) const {
+  std::shared_lock lock(mu_);
+  return find_seq(id) != nullptr;
+}
+
+std::vector<SeqId> SuffixTree::sequences() const {
+  std::shared_lock lock(mu_);
+  std::vector<SeqId> ids(ndir_);
+  for (uint32_t i = 0; i < ndir_; ++i) ids[i] = dir_[i].id;
+  return ids;
+}
+
+std::vector<Token> SuffixTree::sequence(SeqId id) const {
+  std::shared_lock lock(mu_);
+  return get_seq(id)->tokens;
+}
+
+bool SuffixTree::is_growing(SeqId id) const {
+  std::shared_lock lock(mu_);
+  return get_seq(id)->growing;
+}
+
+size_t SuffixTree::memory_bytes() const {
+  std::shared_lock lock(mu_);
+  return bytes_;
+}
+
+// ---------------------------------------------------------------------------------------
+// Integrity check (tests and debugging): recomputes everything from scratch.
+
+std::string SuffixTree::check() const {
+  std::shared_lock lock(mu_);
+  std::unordered_set<const Seq*> live;
+  size_t bytes = sizeof(*this) + ceil_pow2(ndir_) * sizeof(DirEntry);
+  uint64_t total_tokens = 0;
+  for (uint32_t i = 0; i < ndir_; ++i) {
+    const Seq* x = dir_[i].seq;
+    if (i && dir_[i - 1].id >= dir_[i].id) return "directory not sorted";
+    if (x->id != dir_[i].id) return "directory id mismatch";
+    live.insert(x);
+    total_tokens += x->tokens.size();
+    bytes += sizeof(Seq) + x->tokens.capacity() * sizeof(Token) +
+             x->slot.capacity() * sizeof(uint32_t) + x->active.capacity() * sizeof(Node*);
+    if (x->slot.size() != x->tokens.size()) return "slot size mismatch";
+  }
+  // P(v) as a pointer into a live sequence; valid once v's reference is checked.
+  auto path = [](const Node* v) { return v->ref->tokens.data() + (v->ref_end - v->depth); };
+  std::unordered_map<const Seq*, std::vector<char>> seen;
+  std::vector<const Node*> stack{&root_};
+  int64_t nodes = 0;
+  uint64_t ends_total = 0;
+  while (!stack.empty()) {
+    const Node* v = stack.back();
+    stack.pop_back();
+    ++nodes;
+    bytes += (v == &root_ ? 0 : sizeof(Node)) + child_block_bytes(ceil_pow2(v->nchild)) +
+             ceil_pow2(v->nends) * sizeof(EndRef);
+    if (v == &root_) {
+      if (v->len || v->depth || v->nends || v->parent) return "bad root";
+    } else {
+      if (!v->count) return "node with zero count";
+      if (!v->nends && v->nchild < 2) return "node not canonical (should be merged)";
+      if (!v->len || v->depth != v->parent->depth + v->len) return "bad edge length";
+      if (v->depth > max_depth_) return "node deeper than max_depth";
+      if (!live.count(v->ref)) return "reference to a removed sequence";
+      if (v->ref_end < v->depth || v->ref_end > v->ref->tokens.size()) return "bad reference";
+      if (v->parent != &root_ &&
+          !std::equal(path(v), path(v) + v->parent->depth, path(v->parent)))
+        return "reference does not spell the path";
+      if (find_child(v->parent, label(v)[0], nullptr) != v) return "child key differs from label";
+    }
+    uint64_t sum = v->nends;
+    for (uint32_t i = 0; i < v->nchild; ++i) {
+      const Node* c = kids(v)[i];
+      if (i && v->ctok[i - 1] >= v->ctok[i]) return "children not sorted";
+      if (c->parent != v) return "bad parent pointer";
+      sum += c->count;
+      stack.push_back(c);
+    }
+    if (sum != v->count) return "count != ends + sum of children";
+    for (uint32_t i = 0; i < v->nends; ++i) {
+      const EndRef& e = v->ends[i];
+      if (!live.count(e.seq)) return "ending string of a removed sequence";
+      const size_t n = e.seq->tokens.size();
+      if (e.start >= n || e.seq->slot[e.start] != i) return "bad slot";
+      if (std::min<size_t>(n - e.start, max_depth_) != v->depth)
+        return "string ends at the wrong depth";
+      if (!std::equal(path(v), path(v) + v->depth, e.seq->tokens.data() + e.start))
+        return "ending string does not spell the path";
+      std::vector<char>& mark = seen[e.seq];
+      mark.resize(n);
+      if (mark[e.start]) return "string recorded twice";
+      mark[e.start] = 1;
+    }
+    ends_total += v->nends;
+  }
+  if (nodes != nodes_) return "node count mismatch";
+  if (ends_total != total_tokens || root_.count != total_tokens) return "token count mismatch";
+  for (uint32_t i = 0; i < ndir_; ++i) {
+    const Seq* x = dir_[i].seq;
+    const size_t n = x->tokens.size();
+    if (!x->growing) {
+      if (!x->active.empty()) return "finished sequence with active strings";
+      continue;
+    }
+    if (x->active.size() != std::min<size_t>(n, max_depth_ - 1)) return "bad active list size";
+    for (size_t k = 0; k < x->active.size(); ++k) {
+      const size_t j = n - x->active.size() + k;
+      const Node* v = x->active[k];
+      if (v->depth != n - j || x->slot[j] >= v->nends || v->ends[x->slot[j]].seq != x ||
+          v->ends[x->slot[j]].start != j)
+        return "active node does not hold its string";
+    }
+  }
+  if (bytes != bytes_) return "memory accounting mismatch";
+  return "";
+}
+
+}  // namespace vllm_rl

@@ -1,0 +1,206 @@
+// Depth-bounded suffix tree with occurrence counts: the drafter index of DAS
+// (Distribution-Aware Speculative decoding, Sec. 4.1.2 "Adaptive nonparametric drafter").
+//
+// What is stored
+// --------------
+// A set of token sequences, each named by an integer id.  A sequence x of length n
+// contributes n *strings*, one per start j: s_j = x[j, min(n, j + D)), its suffix cut to
+// the depth limit D (max_depth).  The tree is the compacted trie of that multiset S:
+//
+//   * every node v spells a path string P(v); depth(v) = |P(v)| <= D;
+//   * count(v) = number of strings in S that have P(v) as a prefix
+//              = number of occurrences of P(v) in the stored sequences (|P(v)| <= D);
+//   * a string of S ends at an explicit node (never inside an edge); the node records it
+//     in `ends`, so count(v) = |ends(v)| + sum of count(child);
+//   * canonical form: a non-root node has at least one ending string or at least two
+//     children.  The node set is therefore a function of S alone, and the memory a
+//     function of the stored sequences (and of which are still growing), since every
+//     array has capacity ceil_pow2(size): memory_bytes() after removing a set of
+//     sequences equals memory_bytes() before they were added.
+//
+// Edge labels are not copied: node v has a reference (ref, ref_end) with
+// ref->tokens[ref_end - depth(v), ref_end) == P(v), into a live sequence.  When a
+// sequence is removed, every surviving node that referenced it is pointed at another
+// occurrence (an ending string or a child's reference), so tokens of removed sequences
+// are freed at once.  Memory is O(stored tokens): at most 2 nodes per string.
+//
+// Operations (n = tokens added, m = matched length, b = draft length, D = max_depth)
+// ----------------------------------------------------------------------------------
+//   extend   append to a growing sequence: O(D) per token.  A growing sequence keeps
+//            the end nodes of its strings shorter than D ("active" strings), and each new
+//            token extends every one of them by one step (plus the new length-1 string).
+//   insert   a finished sequence in one call (= extend + finish).
+//   finish   seal a growing sequence: frees its active list, trims its buffers.
+//   remove   O(n * nodes per path): decrement counts along each string, free nodes that
+//            reach zero, merge nodes that fall out of canonical form, repoint references.
+//   match    longest suffix of a context present in the tree (at most D tokens).  Each
+//            probe is one top-down walk, O(k) for a suffix of length k; galloping
+//            (1, 2, 4, ...) then bisection needs O(log m) probes: O(m log m) in total,
+//            independent of the context length and of D.  A successful probe also
+//            extends the occurrence its node references to the left, for free; when
+//            that occurrence is the rollout the context follows, the second probe
+//            already fails and the search ends.
+//   draft    from the locus of the longest context suffix of length <= max(1, D - b)
+//            (so that the tree still holds b tokens below it), follow the most frequent
+//            child (ties: smallest token id) while the cumulative probability
+//            prod count(child) / count(parent) stays >= min_prob; at most b tokens.
+//            count(parent) includes strings that end at the parent (a stored sequence
+//            ended there), as in SuffixDecoding.  Inside an edge the factor is exactly 1.
+//
+// Concurrency: a reader/writer lock per tree.  Queries share it, updates take it
+// exclusively, so the Python bindings can release the GIL in every call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <shared_mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace vllm_rl {
+
+using Token = int32_t;
+using SeqId = int64_t;
+
+// A sequence id the tree does not hold (KeyError in Python).
+struct UnknownSequence : std::out_of_range {
+  using std::out_of_range::out_of_range;
+};
+
+struct Draft {
+  std::vector<Token> tokens;  // the proposed continuation
+  std::vector<double> probs;  // probs[i]: cumulative probability of tokens[0..i]
+  int match_len = 0;          // length of the context suffix the draft continues
+  int64_t match_count = 0;    // occurrences of that suffix (all tokens if match_len == 0)
+};
+
+class SuffixTree {
+ public:
+  static constexpr int kMaxDepthLimit = 65535;
+
+  explicit SuffixTree(int max_depth = 64);
+  ~SuffixTree();
+  SuffixTree(const SuffixTree&) = delete;
+  SuffixTree& operator=(const SuffixTree&) = delete;
+
+  // Updates (exclusive lock).
+  void extend(SeqId id, const std::vector<Token>& tokens);  // creates the sequence if new
+  void insert(SeqId id, const std::vector<Token>& tokens);  // a finished sequence; id must be new
+  void finish(SeqId id);                                    // seal a growing sequence
+  void remove(SeqId id);
+
+  // Queries (shared lock).
+  std::pair<int, int64_t> match(const std::vector<Token>& context) const;
+  int64_t count(const std::vector<Token>& pattern) const;  // occurrences, |pattern| <= D
+  Draft draft(const std::vector<Token>& context, int max_tokens, double min_prob) const;
+  // max_tokens: one budget per context, or a single budget for all.
+  std::vector<Draft> draft_batch(const std::vector<std::vector<Token>>& contexts,
+                                 const std::vector<int>& max_tokens, double min_prob) const;
+
+  int max_depth() const { return max_depth_; }
+  int64_t num_nodes() const;  // explicit nodes, root included (an empty tree has 1)
+  int64_t num_tokens() const;
+  int64_t num_sequences() const;
+  bool contains(SeqId id) const;
+  std::vector<SeqId> sequences() const;  // ascending
+  std::vector<Token> sequence(SeqId id) const;
+  bool is_growing(SeqId id) const;
+  // Bytes requested from the allocator by this tree (the object, nodes, child and end
+  // arrays, sequence records and buffers, the id directory); malloc's own per-block
+  // overhead is not included.  Kept up to date in O(1).
+  size_t memory_bytes() const;
+  // Verifies every invariant above from scratch; returns "" or the first violation.
+  std::string check() const;
+
+ private:
+  struct Seq;
+  // A stored string s_start of `seq`; it ends at the node holding this record.
+  struct EndRef {
+    Seq* seq;
+    uint32_t start;
+  };
+  struct Node {
+    Node* parent = nullptr;
+    Seq* ref = nullptr;       // P(this) == ref->tokens[ref_end - depth, ref_end)
+    Token* ctok = nullptr;    // child block: ctok[cap] (ascending), then Node* kids[cap]
+    EndRef* ends = nullptr;   // strings ending here, in no particular order
+    uint32_t count = 0;
+    uint32_t ref_end = 0;
+    uint32_t nchild = 0;
+    uint32_t nends = 0;
+    uint16_t len = 0;         // edge label length (0 only for the root)
+    uint16_t depth = 0;
+  };
+  struct Seq {
+    SeqId id = 0;
+    bool growing = true;
+    std::vector<Token> tokens;
+    std::vector<uint32_t> slot;  // slot[j]: index of s_j's EndRef in its end node
+    std::vector<Node*> active;   // end nodes of s_j shorter than D, oldest j first
+  };
+  struct DirEntry {
+    SeqId id;
+    Seq* seq;
+  };
+  struct Locus {  // `off` tokens into the edge above `node` (off == node->len: at node)
+    const Node* node;
+    uint32_t off;
+  };
+
+  // Sequences.
+  Seq* find_seq(SeqId id) const;
+  Seq* get_seq(SeqId id) const;  // throws UnknownSequence
+  Seq* create_seq(SeqId id);
+  void seal(Seq* x);
+  void destroy_seq(Seq* x);
+
+  // Tree updates.
+  void append(Seq* x, Token t);
+  Node* extend_string(Seq* x, Node* v, Token t, uint32_t end);
+  Node* descend(Node* v, Token t, Seq* x, uint32_t end);
+  void maybe_merge(Node* v);
+  void remove_strings(Seq* x);
+  void repoint(Node* c, const Seq* x, std::vector<Node*>& stack);
+
+  // Queries.
+  uint32_t walk(const Token* pat, uint32_t k, Locus* out) const;
+  uint32_t longest_suffix(const std::vector<Token>& context, uint32_t cap, Locus* out) const;
+  Draft draft_unlocked(const std::vector<Token>& context, int max_tokens, double min_prob) const;
+
+  // Node storage and the canonical-capacity arrays.
+  static const Token* label(const Node* v);
+  static Node** kids(const Node* v);
+  static Node* find_child(const Node* v, Token t, uint32_t* pos);
+  Node* new_node(Node* parent, Seq* ref, uint32_t ref_end, uint32_t len, uint32_t count);
+  void free_node(Node* v);
+  void child_insert(Node* v, uint32_t pos, Token t, Node* c);
+  void child_erase(Node* v, uint32_t pos);
+  void ends_push(Node* v, Seq* x, uint32_t start);
+  void ends_erase(Node* v, uint32_t idx);
+  template <class T>
+  T* reshape(T* p, uint32_t old_n, uint32_t new_n);
+  template <class T>
+  void push_canonical(std::vector<T>& v, const T& value);
+
+  friend std::vector<Draft> draft_many(const std::vector<const SuffixTree*>&,
+                                       const std::vector<std::vector<Token>>&,
+                                       const std::vector<int>&, double);
+
+  const int max_depth_;
+  Node root_;
+  DirEntry* dir_ = nullptr;  // sorted by id
+  uint32_t ndir_ = 0;
+  int64_t nodes_ = 1;
+  size_t bytes_ = 0;
+  mutable std::shared_mutex mu_;
+};
+
+// Drafts for many (tree, context) pairs, e.g. requests of different problems, each with
+// its per-problem tree (DAS Sec. 4.1.2).  Same semantics as SuffixTree::draft.
+std::vector<Draft> draft_many(const std::vector<const SuffixTree*>& trees,
+                              const std::vector<std::vector<Token>>& contexts,
+                              const std::vector<int>& max_tokens, double min_prob);
+
+}  // namespace vllm_rl

@@ -1,0 +1,23 @@
+"""Argument checks shared by the controllers: a bad argument raises ValueError naming it."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+
+def check_int(name: str, value: Any, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {type(value).__name__}")
+    if value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    return int(value)
+
+
+def check_real(name: str, value: Any, lo: float | None = None, strict: bool = False) -> float:
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if lo is not None and (value <= lo if strict else value < lo):
+        raise ValueError(f"{name} must be {'>' if strict else '>='} {lo}, got {value}")
+    return float(value)

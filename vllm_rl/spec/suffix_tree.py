@@ -1,0 +1,76 @@
+"""The suffix structure behind the DAS drafter (DAS, Sec. 4.1.2 "Adaptive nonparametric
+drafter"; memory figure in the appendix "Scalability and System Overhead of Suffix Trees").
+
+DAS drafts from a suffix tree built over a sliding window of recent rollouts, one tree per
+problem: it finds the longest match between the current context and the tree, proposes a
+multi-token draft along the most frequent continuation, and updates the tree online as
+rollouts grow and old ones leave the window.  :class:`SuffixTree` is that index, written in
+C++ (``csrc/suffix_tree.h`` documents the invariants):
+
+* a compacted trie of every suffix of every stored sequence, cut to ``max_depth`` tokens,
+  with occurrence counts; memory is O(stored tokens) (at most two nodes per token) and is
+  returned exactly on removal;
+* ``extend`` appends to a growing rollout in O(max_depth) per token, ``insert`` adds a
+  finished one, ``finish`` seals a growing one, ``remove`` drops one (the sliding window);
+* ``match`` finds the longest context suffix in the tree with O(log m) top-down probes of
+  O(m) each (m = match length);
+* ``draft`` continues the longest context suffix of length <= max(1, max_depth - b) along
+  the most frequent child (ties: smallest token id) while the cumulative probability
+  prod count(child)/count(parent) stays >= ``min_prob``, up to b tokens;
+* every call releases the GIL; ``draft_batch`` drafts for many contexts of one tree and
+  :func:`draft_many` for many (tree, context) pairs (per-problem trees) in one call.
+
+Example::
+
+    tree = SuffixTree(max_depth=64)
+    tree.insert(0, rollout_tokens)             # a finished rollout of this problem
+    tree.extend(1, new_tokens)                 # a rollout still being generated
+    tree.draft(context, max_tokens=8, min_prob=0.1)
+    tree.remove(0)                             # slides out of the window
+"""
+from __future__ import annotations
+
+from vllm_rl import _C
+
+Draft = _C.Draft
+UnknownSequenceError = _C.UnknownSequenceError
+
+
+class SuffixTree(_C.SuffixTree):
+    """Depth-bounded suffix tree over token-id sequences with occurrence counts (DAS Sec. 4.1.2).
+
+    Args:
+        max_depth: longest indexed substring, in tokens (1..65535).  A draft of ``b``
+            tokens continues a context suffix of at most ``max(1, max_depth - b)`` tokens.
+
+    Sequences are named by integer ids.  Methods (all release the GIL):
+
+    * ``extend(seq_id, tokens)``: append to a growing sequence, creating it if new.
+    * ``insert(seq_id, tokens)``: add a finished sequence (the id must be new).
+    * ``finish(seq_id)``: seal a growing sequence (frees its append state).
+    * ``remove(seq_id)``: drop a sequence; memory returns to what it was without it.
+    * ``match(context) -> (match_len, count)``: longest context suffix in the tree and
+      its number of occurrences.
+    * ``count(pattern) -> int``: occurrences of a pattern of at most ``max_depth`` tokens.
+    * ``draft(context, max_tokens, min_prob=0.1) -> list[int]``; ``draft_info`` returns a
+      :class:`Draft` with per-token cumulative probabilities and the match.
+    * ``draft_batch(contexts, max_tokens, min_prob=0.1) -> list[list[int]]`` with one
+      budget or one per context (DAS Sec. 4.2 assigns budgets per request).
+    * ``num_nodes()``, ``num_tokens()``, ``num_sequences()``, ``sequences()``,
+      ``sequence(seq_id)``, ``is_growing(seq_id)``, ``seq_id in tree``,
+      ``memory_bytes()``, ``check_invariants()``.
+
+    Unknown ids raise :class:`UnknownSequenceError` (a ``KeyError``).
+    """
+
+
+def draft_many(trees, contexts, max_tokens, min_prob: float = 0.1) -> list[list[int]]:
+    """Draft ``contexts[i]`` from ``trees[i]`` for all i under one GIL release.
+
+    DAS keeps one tree per problem (Sec. 4.1.2), so a decode step drafts for requests of
+    many problems at once.  ``max_tokens`` is one budget or one per context.
+    """
+    return _C.draft_many(trees, contexts, max_tokens, min_prob)
+
+
+__all__ = ["SuffixTree", "Draft", "UnknownSequenceError", "draft_many"]
