@@ -139,7 +139,7 @@ def run_once(llm, cfg: Config, prompts: list[str], m: int, seed: int, max_tokens
                 kept.append((reward(prompt, c.text), len(c.token_ids)))
     n_samples = sum(len(o.outputs) for o in outputs)
     times = sorted(done.values())
-    q = statistics.quantiles(times, n=10) if len(times) > 1 else times * 9
+    q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
     return Run(cfg.name, repeat, wall, tokens, steps, tokens / wall, statistics.median(times),
                q[8], times[-1], len(kept), statistics.mean(r for r, _ in kept),
                statistics.mean(n for _, n in kept),
