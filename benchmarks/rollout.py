@@ -69,12 +69,13 @@ def duet_thresholds(llm, prompts: list[str], max_tokens: int, seed: int) -> dict
     from the paper's 3072-token limit to this one."""
     from vllm import SamplingParams
 
+    from vllm_rl.control.duet import percentile
+
     outs = llm.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=max_tokens,
                                                 seed=seed), use_tqdm=False)
-    lengths = sorted(len(c.token_ids) for o in outs for c in o.outputs
-                     if c.finish_reason == "stop")
-    q = lambda p: lengths[min(len(lengths) - 1, int(p * len(lengths)))]  # noqa: E731
-    return {"k1": q(0.3), "k2": q(0.8), "grace": max(1, round(150 * max_tokens / 3072)),
+    lengths = [len(c.token_ids) for o in outs for c in o.outputs if c.finish_reason == "stop"]
+    return {"k1": round(percentile(lengths, 30)), "k2": round(percentile(lengths, 80)),
+            "grace": max(1, round(150 * max_tokens / 3072)),
             "eps": 0.05, "pattern": TASK_MARKER}
 
 

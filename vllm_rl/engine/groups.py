@@ -7,7 +7,6 @@ one :class:`GroupState` per live group and drops it once all ``M'`` members have
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from vllm_rl.flags import GroupFlags, RLFlags

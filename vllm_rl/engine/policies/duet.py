@@ -23,6 +23,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from vllm_rl.control.duet import percentile
 from vllm_rl.engine.policies.markers import Detector
 from vllm_rl.flags import DuetFlags
 
@@ -127,14 +128,5 @@ class OnlineThresholds:
     def end_round(self) -> None:
         self.rounds += 1
         if self.rounds % self.refit_every == 0 and self.lengths:
-            ordered = sorted(self.lengths)
-            self.k1 = round(_quantile(ordered, 0.3))
-            self.k2 = round(_quantile(ordered, 0.8))
-
-
-def _quantile(ordered: list[int], q: float) -> float:
-    """Linear interpolation between order statistics (numpy's default)."""
-    pos = q * (len(ordered) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+            self.k1 = round(percentile(self.lengths, 30))
+            self.k2 = round(percentile(self.lengths, 80))

@@ -15,6 +15,7 @@ All detectors are single passes over the text; none can stall the engine.
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Callable
 
@@ -93,8 +94,12 @@ def opening_fence(prompt: str) -> str:
     return fences[-1] if fences else "```"
 
 
+@functools.lru_cache(maxsize=256)
 def compile_user_pattern(pattern: str) -> Detector:
-    """An RE2 detector for a user pattern; ValueError if it is too long or not RE2."""
+    """An RE2 detector for a user pattern; ValueError if it is too long or not RE2.
+
+    Cached: the check at submission and every sample of a step share one compilation.
+    """
     if len(pattern) > MAX_PATTERN:
         raise ValueError(f"pattern has {len(pattern)} characters")
     if not pattern:
