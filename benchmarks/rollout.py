@@ -2,6 +2,12 @@
 
     python benchmarks/rollout.py                       # all configurations, embedded model
     python benchmarks/rollout.py --configs darts-shortest --repeats 3 --model PATH
+    python benchmarks/rollout.py --suite das           # only the DAS epochs (das_rollout.py)
+
+The ``step`` suite (below) times one rollout step of DARTS and DUET; the ``das`` suite
+(:mod:`das_rollout`) runs several epochs of DAS against stock vLLM and vLLM's own
+speculative methods, since a drafter built from past rollouts needs past rollouts.
+``--suite all`` (the default) runs both, one after the other.
 
 Two engines live in the one process: stock vLLM (its own scheduler) and the RL engine.
 Each configuration runs on the same prompts with the same seeds, and the runs are
@@ -23,8 +29,9 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 
 @dataclass(frozen=True)
@@ -202,8 +209,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--configs", default="all",
                     help="comma-separated RL configurations (stock baselines always run)")
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
+    ap.add_argument("--suite", choices=("all", "step", "das"), default="all")
+    ap.add_argument("--epochs", type=int, default=3, help="das suite: epochs")
+    ap.add_argument("--das-configs", default=None, help="das suite: configurations")
     args = ap.parse_args(argv)
+    if args.suite in ("all", "step"):
+        step_suite(args, ap)
+    if args.suite in ("all", "das"):
+        import das_rollout
 
+        das_rollout.main(
+            ([f"--model={args.model}"] if args.model else [])
+            + [f"--prompts={args.prompts}", f"--m={args.m}", f"--epochs={args.epochs}",
+               f"--max-tokens={args.max_tokens}", f"--seed={args.seed}", f"--out={args.out}"]
+            + ([f"--configs={args.das_configs}"] if args.das_configs else []))
+
+
+def step_suite(args, ap) -> None:
+    """DARTS and DUET against stock vLLM: one rollout step, interleaved repeats."""
     import vllm
     from tqdm import tqdm
 
@@ -247,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     path.write_text(json.dumps({"args": vars(args), "model": model, "duet": duet, "summary": rows,
                                 "runs": [asdict(r) for r in runs]}, indent=2))
     print(f"\nwrote {path}")
+    for llm in engines.values():       # free the cores before another suite starts
+        llm.llm_engine.engine_core.shutdown()
 
 
 def _interleave(stocks: list[Config], rls: list[Config]) -> list[Config]:

@@ -28,10 +28,31 @@ Corpora:
   rollout is a noisy copy of its problem's text (3% substitutions, 1% jumps), 300-1500
   tokens; contexts are prefixes of fresh noisy copies.
 
-If ``arctic_inference`` is importable, the same corpus also goes through its
-``SuffixDecodingCache`` (global tree of responses) and is reported side by side; otherwise
-that comparison is reported as skipped.  Results: a table on stdout and JSON in
-``bench-results/suffix_tree.json``.
+If ``arctic_inference`` (Arctic Inference, SuffixDecoding; vLLM's ``suffix`` method) is
+importable, the same rollouts, growing rollouts and contexts also go through its suffix
+tree, measured the same way, and are reported side by side; otherwise that comparison is
+reported as skipped.  ``SuffixDecodingCache`` keeps finished responses in one global
+``arctic_inference.suffix_decoding._C.SuffixTree`` (plus a per-request prompt tree we do
+not have), so the ``arctic`` row drives that native tree directly, at the same level as
+ours (one Python call into C++ per operation, Python-side argument conversion included):
+
+* same depth (``--depth``), same draft budget (8) and min prob (0.1);
+  ``speculate(context[-depth:], 8, max_spec_factor=8, max_spec_offset=0, 0.1,
+  use_tree_spec=False)``.  Arctic caps a draft at ``max_spec_factor * match_len``; a
+  factor of 8 = the budget makes that cap inert, as ours has none.  The ``arctic(f=1)``
+  row repeats only the drafts with vLLM's default ``suffix_decoding_max_spec_factor=1.0``
+  (other columns ``-``);
+* insert: ``extend(i, rollout)`` (Arctic has no separate finish); append:
+  ``extend(seq_id, [token])`` one token per call, as ours; remove: ``remove``;
+* memory: Arctic has no exact count (its ``estimate_memory()`` charges 24 B per stored
+  sequence token, ``sizeof(std::vector)``, instead of 4, and skips allocator overhead), so
+  its table shows only the malloc heap growth around building the tree (``heap B/tok``,
+  same measure as ours); the estimate is in the JSON.  No node count, no batch draft;
+* the JSON also has the draft latency through ``SuffixDecodingCache.speculate`` (empty
+  prompt tree, the built tree as its global tree), which adds a second native call and a
+  Python dataclass per draft: what vLLM's ``suffix`` proposer pays per request and step.
+
+Results: a table on stdout and JSON in ``bench-results/suffix_tree.json``.
 """
 from __future__ import annotations
 
@@ -237,41 +258,101 @@ def bench_ours(rollouts, contexts, growing, depth: int) -> dict:
     }
 
 
-def bench_arctic(rollouts, contexts, depth: int) -> dict:
-    """The same corpus through Arctic Inference's SuffixDecodingCache (global tree)."""
-    from arctic_inference.suffix_decoding import SuffixDecodingCache
-
-    cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=-1)
-    heap0 = heap_bytes()
-    t0 = time.perf_counter()
-    for i, x in enumerate(rollouts):
-        cache.start_request(i, [])
-        cache.add_active_response(i, x)
-        cache.stop_request(i)
-    insert_s = time.perf_counter() - t0
-    stored = sum(len(x) for x in rollouts)
-    heap = None if heap0 is None else heap_bytes() - heap0
-    tree = getattr(cache, "_global_tree", None)
-    mem = tree.estimate_memory() if hasattr(tree, "estimate_memory") else None
-    cache.start_request("bench", [])
+def _timed_drafts(draft, contexts):
+    """Per-call latencies (ns, sorted) and the drafts of ``draft(context)`` on every context."""
     lat, drafts = [], []
     for c, _ in contexts:
         t0 = time.perf_counter_ns()
-        d = cache.speculate("bench", c, max_spec_tokens=DRAFT_TOKENS, min_token_prob=MIN_PROB)
+        d = draft(c)
         lat.append(time.perf_counter_ns() - t0)
-        drafts.append(list(d.token_ids))
-    cache.stop_request("bench")
+        drafts.append(list(d))
     lat.sort()
+    return lat, drafts
+
+
+def _draft_stats(lat, drafts, contexts) -> dict:
     return {
-        "stored_tokens": stored,
-        "insert_us_per_token": 1e6 * insert_s / stored,
         "draft_us_p50": lat[len(lat) // 2] / 1e3,
         "draft_us_p99": lat[int(len(lat) * 0.99)] / 1e3,
+        "draft_us_mean": statistics.fmean(lat) / 1e3,
         "draft_len_mean": statistics.fmean(len(d) for d in drafts),
         "accepted_mean": statistics.fmean(accepted(d, t) for d, (_, t) in zip(drafts, contexts)),
-        "memory_bytes_per_token": mem / stored if mem else None,
-        "heap_bytes_per_token": None if heap is None else heap / stored,
     }
+
+
+def bench_arctic(rollouts, contexts, growing, depth: int) -> dict:
+    """The same corpus through Arctic Inference's suffix tree (the global tree of its
+    ``SuffixDecodingCache``), measured as :func:`bench_ours` (see the module docstring).
+
+    Returns ``{"arctic": ..., "arctic_f1": ...}``: the second holds only the drafts with
+    vLLM's default ``max_spec_factor=1.0``."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+    from arctic_inference.suffix_decoding._C import SuffixTree as ArcticTree
+
+    tree = ArcticTree(depth)
+    heap0 = heap_bytes()
+    t0 = time.perf_counter()
+    for i, x in enumerate(rollouts):
+        tree.extend(i, x)
+    insert_s = time.perf_counter() - t0
+    stored = sum(len(x) for x in rollouts)
+    heap = None if heap0 is None else heap_bytes() - heap0
+    estimate = tree.estimate_memory()
+
+    appended, t0 = 0, time.perf_counter()
+    for k, x in enumerate(growing):
+        sid = len(rollouts) + k          # Arctic's sequence ids are int32
+        for t in x:
+            tree.extend(sid, [t])
+        appended += len(x)
+    append_s = time.perf_counter() - t0
+    for k in range(len(growing)):
+        tree.remove(len(rollouts) + k)
+
+    def speculate(factor):
+        return lambda c: tree.speculate(c[-depth:], DRAFT_TOKENS, factor, 0.0, MIN_PROB,
+                                        False).token_ids
+
+    lat, drafts = _timed_drafts(speculate(float(DRAFT_TOKENS)), contexts)
+    f1 = _draft_stats(*_timed_drafts(speculate(1.0), contexts), contexts)
+    f1["max_spec_factor"] = 1.0
+
+    # Through the cache, as vLLM's proposer calls it (no global slot: max_cached_requests=0).
+    cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=0)
+    cache._global_tree = tree
+    cache.start_request("bench", [])
+    cache_lat, cache_drafts = _timed_drafts(
+        lambda c: cache.speculate("bench", c, max_spec_tokens=DRAFT_TOKENS,
+                                  max_spec_factor=float(DRAFT_TOKENS),
+                                  min_token_prob=MIN_PROB).token_ids, contexts)
+    cache.stop_request("bench")
+    assert cache_drafts == drafts
+
+    k = max(1, len(rollouts) // 10)
+    t0 = time.perf_counter()
+    removed = sum(len(rollouts[i]) for i in range(k))
+    for i in range(k):
+        tree.remove(i)
+    remove_s = time.perf_counter() - t0
+    for i in range(k, len(rollouts)):
+        tree.remove(i)
+    residual = None if heap0 is None else heap_bytes() - heap0
+
+    return {"arctic": {
+        "stored_tokens": stored,
+        "rollouts": len(rollouts),
+        "insert_us_per_token": 1e6 * insert_s / stored,
+        "append_us_per_token": 1e6 * append_s / appended,
+        **_draft_stats(lat, drafts, contexts),
+        "max_spec_factor": float(DRAFT_TOKENS),
+        "cache_draft_us_p50": cache_lat[len(cache_lat) // 2] / 1e3,
+        "cache_draft_us_p99": cache_lat[int(len(cache_lat) * 0.99)] / 1e3,
+        "memory_bytes_per_token": None,
+        "estimate_memory_bytes_per_token": estimate / stored,
+        "heap_bytes_per_token": None if heap is None else heap / stored,
+        "remove_us_per_token": 1e6 * remove_s / removed,
+        "heap_bytes_left_after_removing_all": residual,
+    }, "arctic_f1": f1}
 
 
 def fmt(v, nd=2):
@@ -289,10 +370,12 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
 
     try:
+        from importlib.metadata import version
+
         import arctic_inference  # noqa: F401
-        arctic = True
+        arctic = version("arctic_inference")
     except ImportError:
-        arctic = False
+        arctic = None
 
     rows = []
     for corpus in args.corpora.split(","):
@@ -302,7 +385,7 @@ def main() -> None:
                    "ours": bench_ours(rollouts, contexts, growing, args.depth)}
             if arctic:
                 try:
-                    row["arctic"] = bench_arctic(rollouts, contexts, args.depth)
+                    row.update(bench_arctic(rollouts, contexts, growing, args.depth))
                 except Exception as e:  # report, keep the rest of the run
                     row["arctic"] = {"error": f"{type(e).__name__}: {e}"}
             rows.append(row)
@@ -317,15 +400,16 @@ def main() -> None:
     header = ["corpus", "impl"] + [c[1] for c in cols]
     lines = [header]
     for row in rows:
-        for impl in ("ours", "arctic"):
+        for impl, label in (("ours", "ours"), ("arctic", "arctic"), ("arctic_f1", "arctic(f=1)")):
             r = row.get(impl)
             if r is None:
                 continue
             if "error" in r:
-                lines.append([row["corpus"], impl, r["error"]])
+                lines.append([row["corpus"], label, r["error"]])
                 continue
-            lines.append([row["corpus"], impl] + [fmt(r.get(k), nd) for k, _, nd in cols])
-    widths = [max(len(line[i]) for line in lines if i < len(line)) for i in range(len(header))]
+            lines.append([row["corpus"], label] + [fmt(r.get(k), nd) for k, _, nd in cols])
+    widths = [max(len(line[i]) for line in lines if i < len(line) and len(line) > 3)
+              for i in range(len(header))]
     for line in lines:
         print("  ".join(cell.rjust(w) for cell, w in zip(line, widths)))
     if not arctic:
@@ -339,7 +423,9 @@ def main() -> None:
         "contexts": N_CONTEXTS, "growing_rollouts": N_GROWING,
         "machine": {"python": platform.python_version(), "platform": platform.platform(),
                     "cpus": os.cpu_count()},
-        "arctic_inference": "compared" if arctic else "skipped (not importable)",
+        "arctic_inference": (f"compared (arctic_inference {arctic}; max_spec_factor "
+                             f"{DRAFT_TOKENS} in 'arctic', 1.0 in 'arctic_f1')")
+                            if arctic else "skipped (not importable)",
         "rows": rows,
     }, indent=2))
     print(f"wrote {out}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-MODULES = ("input_validation",)
+MODULES = ("input_validation", "proposer_context", "cpu_spec_expand")
 
 
 class PatchMismatch(RuntimeError):

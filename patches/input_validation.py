@@ -8,7 +8,9 @@ speculative decoding, which DAS needs.  The wrapper runs before vLLM's own body,
 bad flag raises ``VLLMValidationError`` (HTTP 400 on the server) naming the flag, the
 request never reaches the engine, and every other request goes on.  After vLLM's body
 it writes the canonical flags (defaults filled, a group id for a group sent as one
-request) into the request's own copy of the params, before ``n > 1`` fans out.
+request, the DAS problem id of a prompt-keyed request) into the request's own copy of
+the params, before ``n > 1`` fans out.  Flags the engine cannot serve (DAS on an engine
+started without its drafter, a budget above the engine's) are rejected the same way.
 """
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ def apply() -> None:
         from vllm.sampling_params import SamplingParams
 
         from vllm_rl.flags import KEY, FlagError, extract, normalize
+        from vllm_rl.spec.config import check_engine, prompt_problem_id
 
         if not isinstance(params, SamplingParams) or not params.extra_args:
             return original(self, request_id, prompt, params, *args, **kwargs)
@@ -71,9 +74,12 @@ def apply() -> None:
                 return original(self, request_id, prompt, params, *args, **kwargs)
             group_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
             canonical = normalize(raw, n=params.n, default_group_id=group_id)
+            check_engine(canonical, self.vllm_config)
         except FlagError as e:
             raise VLLMValidationError(str(e), parameter=f"{KEY}.{e.flag}") from e
         request = original(self, request_id, prompt, params, *args, **kwargs)
+        if "das" in canonical and canonical["das"]["problem_id"] is None:
+            canonical["das"]["problem_id"] = prompt_problem_id(request.prompt_token_ids)
         own = request.sampling_params
         own.extra_args = {k: v for k, v in own.extra_args.items() if not k.startswith(KEY)}
         own.extra_args[KEY] = canonical

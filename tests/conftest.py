@@ -32,6 +32,16 @@ def rl_llm():
 
 
 @pytest.fixture(scope="session")
+def das_llm():
+    """``vllm_rl.LLM(das=True)``: the DAS drafter in vLLM's custom_class slot, sync scheduling."""
+    from vllm_rl import LLM
+
+    llm = LLM(seed=0, max_model_len=MAX_MODEL_LEN, das=True)
+    yield llm
+    shutdown(llm)
+
+
+@pytest.fixture(scope="session")
 def prompts():
     from vllm_rl.task import heldout_prompts
 

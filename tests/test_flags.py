@@ -80,3 +80,29 @@ def test_bad_json_and_dotted_forms():
 def test_rl_params_checks_at_the_call_site():
     with pytest.raises(FlagError, match="darts.k"):
         rl_params(group={"size": 2}, darts={"k": 3})
+
+
+def test_das_section_defaults_and_problem_id():
+    from vllm_rl.flags import normalize, parse
+
+    c = normalize({"das": {}})
+    assert c["das"] == {"problem_id": None, "policy": "class", "budget": None, "min_prob": None}
+    assert "group" not in c                       # DAS needs no group
+    named = normalize({"group": {"id": "uid-7", "size": 4}, "das": {}})
+    assert named["das"]["problem_id"] == "uid-7"  # defaults to a group the caller named
+    unnamed = normalize({"das": {}}, n=8, default_group_id="req-1")
+    assert unnamed["das"]["problem_id"] is None   # the prompt names it (at submission)
+    assert normalize(named) == named              # canonical form is a fixed point
+    f = parse(normalize({"das": {"problem_id": "p3", "policy": "optimal", "budget": 2}})).das
+    assert (f.problem_id, f.policy, f.budget, f.min_prob) == ("p3", "optimal", 2, None)
+
+
+@pytest.mark.parametrize("das, flag", [
+    ({"policy": "greedy"}, "das.policy"), ({"budget": -1}, "das.budget"),
+    ({"budget": 65}, "das.budget"), ({"min_prob": 1.5}, "das.min_prob"),
+    ({"window": 8}, "das.window"), ({"problem_id": 3}, "das.problem_id"),
+])
+def test_bad_das_flags_name_the_flag(das, flag):
+    with pytest.raises(FlagError) as err:
+        rl_params(das=das)
+    assert err.value.flag == flag and "allowed" in str(err.value)

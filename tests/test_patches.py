@@ -5,7 +5,7 @@ import pytest
 import vllm
 
 import vllm_rl.patches as patches
-from vllm_rl.patches import PatchMismatch, input_validation
+from vllm_rl.patches import PatchMismatch, cpu_spec_expand, input_validation, proposer_context
 
 
 @pytest.mark.parametrize("mod", patches.all_patches(), ids=lambda m: m.__name__)
@@ -43,3 +43,55 @@ def test_check_fails_loudly_on_a_changed_target(monkeypatch):
 def test_patch_source_is_small():
     lines = inspect.getsource(input_validation.apply).splitlines()
     assert len(lines) < 40
+
+
+def test_proposer_context_check_fails_loudly_on_a_changed_target(monkeypatch):
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def propose_draft_token_ids(self, sampled_token_ids, scheduler_output):  # reordered
+        return None
+
+    monkeypatch.setattr(GPUModelRunner, "propose_draft_token_ids", propose_draft_token_ids)
+    with pytest.raises(PatchMismatch, match="propose_draft_token_ids"):
+        proposer_context.check()
+
+
+def test_proposer_context_binds_the_step_before_vllms_body():
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    proposer_context.apply()
+    calls = []
+
+    class Drafter:
+        def bind_step(self, runner, scheduler_output):
+            calls.append((runner, scheduler_output))
+
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    runner.drafter = Drafter()
+    runner.speculative_config = None          # vLLM's body then fails on its assert
+    with pytest.raises(Exception):
+        GPUModelRunner.propose_draft_token_ids(runner, "sched", [[1]], None, None, None,
+                                               None, None, None, None)
+    assert calls == [(runner, "sched")]
+
+
+def test_cpu_expand_patch_fixes_vllms_expansion_of_sampling_params():
+    """vLLM 0.32.0's CPU expand kernel writes into a temporary int64 copy and drops it,
+    so the temperatures of draft positions are garbage; the patch expands correctly."""
+    import torch
+    from vllm.v1.sample import rejection_sampler as rs
+
+    cpu_spec_expand.apply()
+    assert getattr(rs.expand_batch_to_tokens, "_vllm_rl_patched", False)
+    cu = torch.tensor([3, 3, 5], dtype=torch.int32)
+    temps = torch.tensor([0.5, 0.7, 0.0], dtype=torch.float32)
+    got = rs.expand_batch_to_tokens(temps, cu, 5, replace_from=0, replace_to=1)
+    assert got.tolist() == [0.5, 0.5, 0.5, 1.0, 1.0]
+    ks = torch.tensor([4, 9, 2], dtype=torch.int32)
+    assert rs.expand_batch_to_tokens(ks, cu, 5).tolist() == [4, 4, 4, 2, 2]
+    from vllm.platforms import current_platform
+
+    current_platform.register_triton_kernel_overrides()   # what a CPU worker does
+    stock = rs.expand_batch_to_tokens.__wrapped__(temps, cu, 5, 0, 1)
+    assert stock.tolist() != got.tolist(), (
+        "vLLM's own CPU expansion is right now: drop patches/cpu_spec_expand.py")

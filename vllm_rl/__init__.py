@@ -21,6 +21,7 @@ from vllm_rl.outcome import Reason, RolloutInfo
 __version__ = "0.1.0"
 
 SCHEDULER_CLS = "vllm_rl.engine.scheduler.RLScheduler"
+SYNC_SCHEDULER_CLS = "vllm_rl.engine.scheduler.RLSyncScheduler"   # DAS: CPU drafters run sync
 
 
 def _map_source_folders() -> None:
@@ -60,4 +61,4 @@ def __getattr__(name: str):
 
 __all__ = ["LLM", "engine_args", "server_args", "rl_params", "rl_xargs", "RLFlags", "FlagError",
            "RolloutInfo", "Reason", "heldout_prompts", "train_prompts", "reward",
-           "MODEL_PATH", "SCHEDULER_CLS"]
+           "MODEL_PATH", "SCHEDULER_CLS", "SYNC_SCHEDULER_CLS"]

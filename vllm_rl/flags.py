@@ -155,6 +155,37 @@ class DuetFlags:
     poll: int
 
 
+DAS_POLICIES = ("class", "optimal", "fixed")
+MAX_DRAFT = 64   # tokens per verification round
+
+DAS_FIELDS = {
+    "problem_id": _Field(str),
+    "policy": _Field(str, "class", choices=DAS_POLICIES),
+    "budget": _Field(int, lo=0, hi=MAX_DRAFT),
+    "min_prob": _Field(float, lo=0.0, hi=1.0),
+}
+
+
+@dataclass(frozen=True)
+class DasFlags:
+    """DAS speculative decoding from the problem's suffix tree (Sec. 4.1-4.2).
+
+    ``problem_id`` names the tree the request drafts from and feeds; left out, it is the
+    group id when the flags name one (``group.id``), else the prompt itself, so the
+    rollouts of one prompt share a tree across steps.  ``policy`` sets the draft budget
+    per verification round: ``"class"`` the length classes of Sec. 4.2.3 (0 / b / 2b),
+    ``"optimal"`` Eq. 7 from online acceptance estimates, ``"fixed"`` always 2b (the
+    budget-agnostic baseline of Sec. 5.3).  ``budget`` is b (default: the engine's),
+    ``min_prob`` the draft's cumulative-probability cutoff (default: the engine's, 0.1).
+    The engine must have been started with DAS (``vllm_rl.LLM(das=True)``).
+    """
+
+    problem_id: str | None
+    policy: str
+    budget: int | None
+    min_prob: float | None
+
+
 @dataclass(frozen=True)
 class RLFlags:
     """The parsed flags of one request; a ``None`` section means the technique is off."""
@@ -162,9 +193,10 @@ class RLFlags:
     group: GroupFlags | None = None
     darts: DartsFlags | None = None
     duet: DuetFlags | None = None
+    das: DasFlags | None = None
 
 
-SECTIONS = ("group", "darts", "duet")
+SECTIONS = ("group", "darts", "duet", "das")
 
 
 def _group(raw: dict[str, Any], n: int | None, path: str = "group") -> dict[str, Any]:
@@ -211,6 +243,13 @@ def _duet(raw: dict[str, Any]) -> dict[str, Any]:
         except ValueError as e:
             raise FlagError("duet.pattern", str(e),
                             f"an RE2 regular expression of at most {MAX_PATTERN} characters") from None
+    return d
+
+
+def _das(raw: dict[str, Any], raw_group: Any, group: dict[str, Any] | None) -> dict[str, Any]:
+    d = _section("das", raw, DAS_FIELDS)
+    if d["problem_id"] is None and isinstance(raw_group, dict) and raw_group.get("id"):
+        d["problem_id"] = group["id"]           # a group the caller named
     return d
 
 
@@ -269,21 +308,26 @@ def normalize(raw: Any, n: int | None = None, default_group_id: str | None = Non
         out["darts"] = _darts(raw["darts"], out["group"])
     if raw.get("duet") is not None:
         out["duet"] = _duet(raw["duet"])
+    if raw.get("das") is not None:
+        out["das"] = _das(raw["das"], raw.get("group"), out.get("group"))
     return out
 
 
 def parse(canonical: dict[str, Any]) -> RLFlags:
     """Typed flags from their canonical form (as produced by :func:`normalize`)."""
     g, d, u = canonical.get("group"), canonical.get("darts"), canonical.get("duet")
+    s = canonical.get("das")
     return RLFlags(
         group=GroupFlags(**g) if g else None,
         darts=DartsFlags(**d) if d else None,
         duet=DuetFlags(**u) if u else None,
+        das=DasFlags(**s) if s is not None else None,
     )
 
 
 def rl_params(group: dict | None = None, darts: dict | bool | None = None,
-              duet: dict | bool | None = None, **sections: Any) -> dict[str, Any]:
+              duet: dict | bool | None = None, das: dict | bool | None = None,
+              **sections: Any) -> dict[str, Any]:
     """The ``extra_args`` dict that switches techniques on for a request.
 
     >>> SamplingParams(n=16, extra_args=rl_params(group={"size": 8}, darts={"mode": "shortest"}))
@@ -294,7 +338,7 @@ def rl_params(group: dict | None = None, darts: dict | bool | None = None,
     raw: dict[str, Any] = {}
     if group is not None:
         raw["group"] = dict(group)
-    for name, value in {"darts": darts, "duet": duet, **sections}.items():
+    for name, value in {"darts": darts, "duet": duet, "das": das, **sections}.items():
         if value is not None and value is not False:
             raw[name] = {} if value is True else dict(value)
     normalize(raw)  # fail early; the raw form is sent, the engine fills the defaults

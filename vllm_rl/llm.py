@@ -1,8 +1,11 @@
 """The three ways to get the RL engine: offline :class:`LLM`, :func:`engine_args`, :func:`server_args`.
 
 All three set ``scheduler_cls`` to :class:`~vllm_rl.engine.scheduler.RLScheduler` with
-async scheduling on, and default the model to the embedded one.  Everything else is
-vLLM's own, with vLLM's defaults.
+async scheduling on, and default the model to the embedded one.  ``das=True`` (or a
+dict / :class:`~vllm_rl.spec.config.DASConfig`) starts the DAS drafter instead: vLLM's
+``custom_class`` speculative method with :class:`~vllm_rl.spec.proposer.DASProposer`,
+synchronous scheduling (:class:`~vllm_rl.engine.scheduler.RLSyncScheduler`) and the tree
+API on the worker.  Everything else is vLLM's own, with vLLM's defaults.
 """
 from __future__ import annotations
 
@@ -18,11 +21,25 @@ from vllm_rl.outcome import RolloutInfo, annotate_group
 CPU_KV_CACHE_BYTES = 1 << 30   # vLLM's CPU default reserves most of a NUMA node
 
 
+DAS_WORKER_EXTENSION = "vllm_rl.spec.worker.DASWorkerExtension"
+
+
 def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     from vllm_rl.task import MODEL_PATH
 
+    das = kwargs.pop("das", None)
+    if das:
+        from vllm_rl.spec.config import DASConfig
+
+        for key, value in DASConfig.of(das).engine_kwargs().items():
+            if key == "additional_config":
+                value = {**(kwargs.get(key) or {}), **value}
+            elif key in kwargs and kwargs[key] != value:
+                raise ValueError(f"das= sets {key}={value!r}; got {kwargs[key]!r}")
+            kwargs[key] = value
+        kwargs.setdefault("worker_extension_cls", DAS_WORKER_EXTENSION)
     kwargs.setdefault("model", str(MODEL_PATH))
     kwargs.setdefault("scheduler_cls", SCHEDULER_CLS)
     kwargs.setdefault("async_scheduling", True)
@@ -54,6 +71,21 @@ class LLM(vllm.LLM):
         attach_rollout_info(outputs, params)
         return outputs
 
+    # -- DAS trees (engines started with das=...) --------------------------------
+    def das_prebuild(self, problem_id: str, rollouts, prompt_token_ids=None) -> int:
+        """Fill ``problem_id``'s tree with past rollouts (lists of output token ids)."""
+        rollouts = [list(map(int, r)) for r in rollouts]
+        prompt = list(map(int, prompt_token_ids)) if prompt_token_ids is not None else None
+        return self.collective_rpc("das_prebuild", args=(problem_id, rollouts, prompt))[0]
+
+    def das_clear(self, problem_id: str | None = None) -> int:
+        """Drop one problem's tree, or all of them."""
+        return self.collective_rpc("das_clear", args=(problem_id,))[0]
+
+    def das_stats(self) -> dict:
+        """Trees, memory, acceptance totals and per verification step (rank 0's drafter)."""
+        return self.collective_rpc("das_stats")[0]
+
 
 def attach_rollout_info(outputs: Sequence[Any], params: Sequence[SamplingParams | None]) -> None:
     """Give every completion a ``rollout_info`` and mark each group's training group."""
@@ -82,6 +114,16 @@ def engine_args(**kwargs: Any):
     return AsyncEngineArgs(**_defaults(kwargs))
 
 
-def server_args() -> list[str]:
-    """The ``vllm serve`` flags that select the RL engine."""
-    return ["--scheduler-cls", SCHEDULER_CLS, "--async-scheduling"]
+def server_args(das: Any = None) -> list[str]:
+    """The ``vllm serve`` flags that select the RL engine (``das=``: with the DAS drafter)."""
+    if not das:
+        return ["--scheduler-cls", SCHEDULER_CLS, "--async-scheduling"]
+    import json
+
+    from vllm_rl.spec.config import DASConfig
+
+    kw = DASConfig.of(das).engine_kwargs()
+    return ["--scheduler-cls", kw["scheduler_cls"], "--no-async-scheduling",
+            "--speculative-config", json.dumps(kw["speculative_config"]),
+            "--additional-config", json.dumps(kw["additional_config"]),
+            "--worker-extension-cls", DAS_WORKER_EXTENSION]

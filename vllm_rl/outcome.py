@@ -51,7 +51,9 @@ class RolloutInfo:
     it belongs to the M-sample training group, ``selection`` whether as one of the
     ``"short"`` or ``"long"`` end (DARTS dual-end) or ``"shortest"`` (early stop).
     DUET samples kept after the gate have ``keep_prob = eps`` and weight ``1/eps``;
-    aborted ones weight 0.
+    aborted ones weight 0.  DAS samples count the draft tokens they were verified on
+    (``draft_proposed``) and how many the model accepted (``draft_accepted``); their
+    tokens are the model's own either way.
     """
 
     reason: Reason
@@ -66,6 +68,8 @@ class RolloutInfo:
     keep_prob: float | None = None       # DUET: p_abort of Eq. 6 (eps after the gate, else 1)
     k1: int | None = None                # DUET: the thresholds this sample ran with
     k2: int | None = None
+    draft_proposed: int | None = None    # DAS: draft tokens this sample was verified on
+    draft_accepted: int | None = None    # DAS: of which accepted by the model
 
     @property
     def valid(self) -> bool:

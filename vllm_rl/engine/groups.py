@@ -24,6 +24,8 @@ class Member:
     group: "GroupState | None" = None
     finish_rank: int | None = None
     duet: "DuetState | None" = None
+    draft_proposed: int = 0     # speculative tokens this sample was verified on
+    draft_accepted: int = 0     # of which the model accepted
 
 
 @dataclass

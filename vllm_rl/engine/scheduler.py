@@ -1,7 +1,10 @@
-"""RLScheduler: vLLM's AsyncScheduler plus the one place where RL techniques end requests.
+"""RLScheduler: vLLM's scheduler plus the one place where RL techniques end requests.
 
 Use it with ``scheduler_cls="vllm_rl.engine.scheduler.RLScheduler"`` (``vllm_rl.LLM`` and
-``vllm_rl.engine_args`` set it for you).  A request without RL flags takes exactly
+``vllm_rl.engine_args`` set it for you).  :class:`RLScheduler` extends vLLM's
+``AsyncScheduler``; :class:`RLSyncScheduler` the same logic on vLLM's synchronous
+``Scheduler``, for engines whose speculative method runs on the CPU (DAS), which vLLM
+schedules synchronously.  A request without RL flags takes exactly
 vLLM's path; a request with flags gets a :class:`~vllm_rl.engine.groups.Member` at
 admission, and per step:
 
@@ -12,12 +15,16 @@ admission, and per step:
   blocks and returning their partial output with a reason.
 
 Every early end keeps the tokens (and logprobs) the model really produced and writes a
-:class:`~vllm_rl.outcome.RolloutInfo` record into the request's ``stop_reason``.
+:class:`~vllm_rl.outcome.RolloutInfo` record into the request's ``stop_reason``.  With
+speculative decoding a step may bring several tokens; the policies read the count, so
+a poll or a gate crossed inside a step is seen at that step, and the record counts the
+draft tokens each sample was verified on and how many were accepted.
 """
 from __future__ import annotations
 
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
@@ -33,7 +40,9 @@ logger = init_logger(__name__)
 EARLY_END_STATUS = RequestStatus.FINISHED_ABORTED
 
 
-class RLScheduler(AsyncScheduler):
+class RLSchedulerMixin:
+    """The RL logic, over either of vLLM's schedulers (every override calls vLLM's own)."""
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.rl_groups = GroupRegistry()
@@ -118,10 +127,24 @@ class RLScheduler(AsyncScheduler):
         return new_token_ids, stopped
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        if scheduler_output.scheduled_spec_decode_tokens and self.rl_members:
+            self._count_drafts(scheduler_output, model_runner_output)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self._stopped_groups:
             self._cancel_stopped_groups(outputs)
         return outputs
+
+    def _count_drafts(self, scheduler_output, model_runner_output) -> None:
+        """Per sample: draft tokens verified this step and how many were accepted."""
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
+            member = self.rl_members.get(req_id)
+            i = index.get(req_id)
+            if member is None or i is None or not sampled or not sampled[i]:
+                continue
+            member.draft_proposed += sum(1 for t in spec if t >= 0)
+            member.draft_accepted += len(sampled[i]) - 1
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False):
         member = self.rl_members.pop(request.request_id, None)
@@ -159,6 +182,7 @@ class RLScheduler(AsyncScheduler):
             reason=reason, length=request.num_output_tokens, weight=weight,
             group_id=group.flags.id if group else None, finish_rank=member.finish_rank,
             stop=request.stop_reason if reason in (Reason.EOS, Reason.STOP) else None,
+            **_draft_fields(member),
             **(_duet_fields(state) if state is not None else {})).encode()
 
     def _cancel_stopped_groups(self, outputs: dict[int, EngineCoreOutputs]) -> None:
@@ -188,8 +212,14 @@ class RLScheduler(AsyncScheduler):
 def _write_cancel_record(request: Request, member: Member) -> None:
     request.stop_reason = RolloutInfo(
         reason=Reason.DARTS_CANCELLED, length=request.num_output_tokens, weight=0.0,
-        group_id=member.group.flags.id if member.group else None,
+        group_id=member.group.flags.id if member.group else None, **_draft_fields(member),
         **(_duet_fields(member.duet) if member.duet is not None else {})).encode()
+
+
+def _draft_fields(member: Member) -> dict:
+    if member.flags.das is None:
+        return {}
+    return {"draft_proposed": member.draft_proposed, "draft_accepted": member.draft_accepted}
 
 
 def _duet_fields(state: duet.DuetState) -> dict:
@@ -208,3 +238,11 @@ def _natural_reason(request: Request) -> Reason:
     if request.status == RequestStatus.FINISHED_LENGTH_CAPPED:
         return Reason.LENGTH
     return Reason.EOS if request.stop_reason is None else Reason.STOP
+
+
+class RLScheduler(RLSchedulerMixin, AsyncScheduler):
+    """The RL scheduler on vLLM's ``AsyncScheduler`` (the default RL engine)."""
+
+
+class RLSyncScheduler(RLSchedulerMixin, Scheduler):
+    """The RL scheduler on vLLM's synchronous ``Scheduler`` (DAS engines)."""

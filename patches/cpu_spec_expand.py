@@ -1,0 +1,80 @@
+"""Fix speculative decoding with random sampling on vLLM's CPU backend.
+
+Patched internal: ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` (CPU only).
+
+Why a patch: the rejection sampler expands each request's temperature, top-k and top-p
+to its draft positions with ``expand_batch_to_tokens``.  On the CPU, vLLM 0.32.0 routes
+the Triton ``expand_kernel`` to ``vllm.utils.cpu_triton_utils._expand_kernel_impl``,
+which converts the output tensor to int64, writes into that temporary copy, and never
+copies it back.  The expanded temperatures are therefore uninitialised memory, so every
+speculative step with ``temperature > 0`` samples from a garbage distribution (stock
+``ngram`` and ``suffix`` included): drafts are almost never accepted and the emitted
+tokens are not the model's.  Greedy requests never expand and are unaffected.  The
+replacement computes the same expansion with ``repeat_interleave`` (any dtype);
+``tests/test_patches.py`` shows the stock function's wrong output and the fixed one.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+from . import PatchMismatch
+
+TARGET = "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens"
+CHECKED = ("0.32.0",)
+_EXPECTED_PARAMS = ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to")
+
+
+def _module():
+    from vllm.v1.sample import rejection_sampler
+
+    return rejection_sampler
+
+
+def needed() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def check() -> None:
+    """Fail loudly if vLLM no longer has the shape this patch relies on."""
+    import vllm
+
+    where = f"in vLLM {vllm.__version__} (patch checked on {', '.join(CHECKED)})"
+    fn = getattr(_module(), "expand_batch_to_tokens", None)
+    fn = getattr(fn, "__wrapped__", fn)
+    if fn is None:
+        raise PatchMismatch(f"{TARGET} is gone {where}")
+    names = tuple(inspect.signature(fn).parameters)
+    if names != _EXPECTED_PARAMS:
+        raise PatchMismatch(f"{TARGET} takes {names}, not {_EXPECTED_PARAMS}, {where}")
+    if "expand_batch_to_tokens(" not in inspect.getsource(_module().apply_sampling_constraints):
+        raise PatchMismatch(f"the rejection sampler no longer expands sampling params "
+                            f"with {TARGET} {where}")
+
+
+def expand(x, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
+    """``x[i]`` repeated for each of request i's tokens (``cu_num_tokens`` cumulative),
+    with ``replace_from`` values replaced by ``replace_to``: vLLM's definition."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    x = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype), x)
+    return torch.repeat_interleave(x, counts, output_size=num_tokens)
+
+
+def apply() -> None:
+    if not needed():
+        return
+    mod = _module()
+    original = mod.expand_batch_to_tokens
+    if getattr(original, "_vllm_rl_patched", False):
+        return
+
+    @functools.wraps(original)
+    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        return expand(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+
+    expand_batch_to_tokens._vllm_rl_patched = True
+    mod.expand_batch_to_tokens = expand_batch_to_tokens

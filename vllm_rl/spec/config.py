@@ -1,0 +1,133 @@
+"""Engine-level DAS settings (:class:`DASConfig`) and how they reach vLLM.
+
+DAS runs as vLLM's ``custom_class`` speculative method: the engine is started with
+``speculative_config={"method": "custom_class", "model": PROPOSER,
+"num_speculative_tokens": 2b}`` (the long class drafts ``2b`` tokens, Sec. 4.2.3) and
+the settings below in ``additional_config["vllm_rl_das"]``, which vLLM hands to every
+worker with the rest of its config.  ``vllm_rl.LLM(das=...)`` / ``engine_args(das=...)``
+build both; per-request flags (``das`` section of :mod:`vllm_rl.flags`) choose the
+problem, the policy and may lower ``b`` or raise ``min_prob``.
+
+vLLM runs CPU-side drafters (``ngram``, ``suffix``, ``custom_class``) with synchronous
+scheduling only, so a DAS engine uses :class:`~vllm_rl.engine.scheduler.RLSyncScheduler`.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from vllm_rl.flags import MAX_DRAFT, FlagError
+
+PROPOSER = "vllm_rl.spec.proposer.DASProposer"
+CONFIG_KEY = "vllm_rl_das"
+
+
+@dataclass(frozen=True)
+class DASConfig:
+    """DAS settings of one engine.
+
+    Trees (Sec. 4.1.2): ``window`` finished rollouts kept per problem (paper's default
+    16), ``max_stored_tokens`` across all trees (oldest rollouts leave first),
+    ``max_depth`` the longest indexed substring, ``prompt_tail`` prompt tokens stored in
+    front of each rollout so the first output tokens have a context to match.
+
+    Budgets (Sec. 4.2): ``budget`` is b (medium class b, long 2b), ``min_prob`` the
+    draft cutoff.  ``full_batch``/``off_batch``: drafting runs at full budget up to
+    ``full_batch`` running requests, is scaled down linearly above and switched off at
+    ``off_batch`` (verification cost grows with the tokens of a forward pass, Eq. 1-2).
+    Measured on the 2-core CPU with the embedded model (``benchmarks/das_batch.py``),
+    drafting gained 3.8x tokens/s at B = 1, 1.24x at 64, 1.11x at 256 and 1.17x at 512,
+    so the defaults never cut budgets below 256 running requests; lower them where
+    verification costs more (a GPU at large batch), after measuring there.
+    ``c_base_ms``/``c_tok_ms`` are Eq. 1's per-pass and per-token costs used by the
+    ``optimal`` policy (Eq. 6-7).  ``round_horizon`` rounds in T_short's moving average,
+    ``history`` final lengths kept for the class posterior.
+    """
+
+    budget: int = 4
+    window: int = 16
+    max_stored_tokens: int = 4_000_000
+    max_depth: int = 32
+    min_prob: float = 0.1
+    prompt_tail: int = 16
+    full_batch: int = 256
+    off_batch: int = 1024
+    c_base_ms: float = 2.5
+    c_tok_ms: float = 0.13
+    round_horizon: int = 16
+    history: int = 4096
+    stats_rounds: int = 4096
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.budget <= MAX_DRAFT // 2:
+            raise ValueError(f"DASConfig.budget={self.budget}: allowed int in [1, {MAX_DRAFT // 2}]")
+        if self.window < 1 or self.max_stored_tokens < 1:
+            raise ValueError("DASConfig.window and max_stored_tokens must be >= 1")
+        if not 2 <= self.max_depth <= 1024:
+            raise ValueError(f"DASConfig.max_depth={self.max_depth}: allowed int in [2, 1024]")
+        if not 0 <= self.full_batch <= self.off_batch:
+            raise ValueError("DASConfig: need 0 <= full_batch <= off_batch")
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return 2 * self.budget
+
+    @classmethod
+    def of(cls, value: "DASConfig | dict | bool") -> "DASConfig":
+        if isinstance(value, DASConfig):
+            return value
+        if value is True:
+            return cls()
+        if isinstance(value, dict):
+            known = {f.name for f in fields(cls)}
+            unknown = set(value) - known
+            if unknown:
+                raise ValueError(f"unknown DAS settings {sorted(unknown)}; known: {sorted(known)}")
+            return cls(**value)
+        raise TypeError(f"das= takes True, a dict or a DASConfig, not {value!r}")
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> "DASConfig | None":
+        """The DAS settings of an engine, or None if it was not started with DAS."""
+        spec = getattr(vllm_config, "speculative_config", None)
+        if spec is None or spec.method != "custom_class" or spec.model != PROPOSER:
+            return None
+        extra = (getattr(vllm_config, "additional_config", None) or {}).get(CONFIG_KEY) or {}
+        cfg = cls.of(dict(extra))
+        if spec.num_speculative_tokens < cfg.num_speculative_tokens:
+            cfg = cls.of({**asdict(cfg), "budget": max(1, spec.num_speculative_tokens // 2)})
+        return cfg
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The vLLM engine arguments that start a DAS engine."""
+        from vllm_rl import SYNC_SCHEDULER_CLS
+
+        return {
+            "speculative_config": {"method": "custom_class", "model": PROPOSER,
+                                   "num_speculative_tokens": self.num_speculative_tokens},
+            "additional_config": {CONFIG_KEY: asdict(self)},
+            "scheduler_cls": SYNC_SCHEDULER_CLS,
+            "async_scheduling": False,
+        }
+
+
+def prompt_problem_id(prompt_token_ids) -> str:
+    """The problem id of a request that names none: its prompt (same prompt, same tree)."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(",".join(map(str, prompt_token_ids or ())).encode())
+    return "prompt:" + h.hexdigest()
+
+
+def check_engine(canonical: dict[str, Any], vllm_config: Any) -> None:
+    """Reject, at submission, DAS flags this engine cannot honour."""
+    das = canonical.get("das")
+    if das is None:
+        return
+    cfg = DASConfig.from_vllm_config(vllm_config)
+    if cfg is None:
+        raise FlagError("das", "this engine was started without the DAS drafter",
+                        "an engine started with vllm_rl.LLM(das=True) or engine_args(das=...)")
+    if das.get("budget") is not None and das["budget"] > cfg.budget:
+        raise FlagError("das.budget", f"value {das['budget']} above the engine's b={cfg.budget}",
+                        f"int in [0, {cfg.budget}]")

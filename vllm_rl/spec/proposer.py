@@ -1,0 +1,324 @@
+"""DASProposer: the DAS drafter as vLLM's ``custom_class`` speculative method.
+
+vLLM calls :meth:`DASProposer.propose` after every decode step with the tokens each
+running request just got (accepted drafts plus the bonus token); what it returns is
+verified by the target model in the next step, by vLLM's own rejection sampler, so
+the output distribution is the model's (lossless).  The patch
+``patches/proposer_context.py`` hands the proposer the model runner and the step's
+``SchedulerOutput`` first (:meth:`bind_step`): vLLM's ``custom_class`` interface
+passes token arrays only, and DAS needs each row's request id and flags.
+
+Per step, for each request whose flags have a ``das`` section:
+
+1. *Feed* (Sec. 4.1.2): its new tokens extend its rollout in its problem's tree; a
+   rollout that left the runner is sealed into the window (:mod:`vllm_rl.spec.store`).
+2. *Account*: the drafts it was verified on and how many were accepted (per request,
+   per problem and per verification round, see :meth:`stats`).
+3. *Budget* (Sec. 4.2): ``policy="class"`` puts it in a length class, short / medium /
+   long with budgets 0 / b / 2b, initialised from its problem's history and promoted as
+   it grows (Sec. 4.2.3); ``"optimal"`` solves Eq. 6-7 over the running DAS requests
+   from online estimates of their acceptance (Eq. 3) and remaining length;
+   ``"fixed"`` always drafts 2b.  Every budget is scaled by the batch cap
+   (:func:`vllm_rl.control.das.batch_cap`): drafting stops paying on a big batch.
+4. *Draft*: the most frequent continuation of the longest context suffix that the
+   tree has seen continued (the rollout itself is in the tree, so its own last
+   occurrence never continues: the match backs off to the longest suffix that does).
+
+Requests without ``das`` flags get no draft and decode as on a stock engine.  A round
+(one rollout batch) ends when no DAS request is left; its number of forward steps
+feeds T_short (Sec. 4.2.3).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.logger import init_logger
+
+from vllm_rl.control import das as policy
+from vllm_rl.flags import KEY, DasFlags, parse
+from vllm_rl.spec.config import DASConfig, prompt_problem_id
+from vllm_rl.spec.store import ProblemTrees
+from vllm_rl.spec.suffix_tree import draft_many
+
+logger = init_logger(__name__)
+
+CLASS_CHECK_EVERY = 8    # tokens between length-class updates of a request
+
+
+@dataclass
+class RequestState:
+    """One DAS request as the drafter tracks it."""
+
+    problem: str
+    seq: int
+    flags: DasFlags
+    max_tokens: int
+    budget: int                         # b for this request
+    min_prob: float
+    init_class: str = policy.MEDIUM
+    length_class: str = policy.MEDIUM
+    class_budget: int = 0               # the draft budget of length_class
+    next_check: int = 0                 # generated tokens at the next class update
+    generated: int = 0                  # output tokens fed so far
+    est: policy.AcceptanceEstimate = field(default_factory=policy.AcceptanceEstimate)
+
+
+@dataclass
+class Round:
+    """Totals of one rollout round (while any DAS request runs)."""
+
+    steps: int = 0
+    verifications: int = 0      # request-steps that verified a draft
+    proposed: int = 0
+    accepted: int = 0
+
+
+class DASProposer:
+    """The ``custom_class`` proposer of a DAS engine (see the module docstring)."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        cfg = DASConfig.from_vllm_config(vllm_config)
+        if cfg is None:
+            raise ValueError("DASProposer needs speculative_config.model = "
+                             "'vllm_rl.spec.proposer.DASProposer' (use vllm_rl.LLM(das=True))")
+        self.cfg = cfg
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.k_max = vllm_config.speculative_config.num_speculative_tokens
+        self.store = ProblemTrees(cfg.window, cfg.max_stored_tokens, cfg.max_depth)
+        self.classes = policy.LengthClasses(horizon=cfg.round_horizon, history=cfg.history)
+        self.requests: dict[str, RequestState | None] = {}   # None: not a DAS request
+        self.round = Round()
+        self.rounds = 0
+        self.verify_log: deque = deque(maxlen=cfg.stats_rounds)  # per step (reqs, prop, acc)
+        self.totals = Round()
+        self._runner = None
+        self._sched = None
+
+    # ------------------------------------------------------------------ vLLM hooks
+    def load_model(self, *args, **kwargs) -> None:
+        """No draft model: the trees are the drafter (and survive weight reloads)."""
+
+    def bind_step(self, runner: Any, scheduler_output: Any) -> None:
+        """Called by ``patches/proposer_context.py`` before each :meth:`propose`."""
+        self._runner, self._sched = runner, scheduler_output
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                slot_mappings=None) -> list[list[int]]:
+        runner, sched = self._runner, self._sched
+        if runner is None:
+            raise RuntimeError("DASProposer.propose called without bind_step: the "
+                               "vllm_rl proposer_context patch is not applied")
+        batch = runner.input_batch
+        req_ids = batch.req_ids
+        self._retire(runner.requests)
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        spec = sched.scheduled_spec_decode_tokens if sched is not None else {}
+        live: list[tuple[int, RequestState]] = []
+        step_reqs = step_prop = step_acc = 0
+        for i, sampled in enumerate(sampled_token_ids):
+            rid = req_ids[i]
+            st = self._state(rid, runner, batch, i)
+            if st is None or not sampled:
+                continue
+            drafted = sum(1 for t in spec.get(rid, ()) if t >= 0)
+            if drafted:
+                acc = len(sampled) - 1
+                st.est.observe(drafted, acc, len(sampled))
+                p = self.store.problems.get(st.problem)
+                if p is not None:
+                    p.drafted += drafted
+                    p.accepted += acc
+                step_reqs, step_prop, step_acc = step_reqs + 1, step_prop + drafted, step_acc + acc
+            self.store.extend(st.problem, st.seq, sampled)
+            st.generated += len(sampled)
+            live.append((i, st))
+        self._account(step_reqs, step_prop, step_acc, bool(live))
+        if not live:
+            return drafts
+        cap = policy.batch_cap(len(req_ids), self.cfg.full_batch, self.cfg.off_batch)
+        if cap <= 0.0:
+            return drafts
+        budgets = self._budgets(live, cap)
+        self._draft(live, budgets, num_tokens_no_spec, token_ids_cpu, drafts)
+        return drafts
+
+    # ------------------------------------------------------------------ requests
+    def _state(self, rid: str, runner: Any, batch: Any, i: int) -> RequestState | None:
+        if rid in self.requests:
+            return self.requests[rid]
+        st = None
+        cached = runner.requests.get(rid)
+        params = getattr(cached, "sampling_params", None)
+        extra = getattr(params, "extra_args", None) or {}
+        canonical = extra.get(KEY)
+        if isinstance(canonical, dict) and canonical.get("das") is not None:
+            st = self._start(rid, parse(canonical).das, params, cached, batch, i)
+        self.requests[rid] = st
+        return st
+
+    def _start(self, rid, flags: DasFlags, params, cached, batch, i) -> RequestState:
+        n_prompt = int(batch.num_prompt_tokens[i])
+        prompt = cached.prompt_token_ids or []
+        problem = flags.problem_id or prompt_problem_id(prompt)
+        tail = list(prompt[max(0, n_prompt - self.cfg.prompt_tail):n_prompt])
+        seq = self.store.start(problem, tail)
+        max_tokens = params.max_tokens or (self.max_model_len - n_prompt)
+        b = self.cfg.budget if flags.budget is None else min(flags.budget, self.cfg.budget)
+        init = self.classes.initial(self.store.lengths(problem), max_tokens)
+        return RequestState(
+            problem=problem, seq=seq, flags=flags, max_tokens=max_tokens, budget=b,
+            min_prob=self.cfg.min_prob if flags.min_prob is None else flags.min_prob,
+            init_class=init, length_class=init, class_budget=self.classes.budget(init, b))
+
+    def _retire(self, live_requests: dict) -> None:
+        """Seal the rollouts of requests that left the runner (finished or aborted)."""
+        gone = [rid for rid in self.requests if rid not in live_requests]
+        for rid in gone:
+            st = self.requests.pop(rid)
+            if st is None:
+                continue
+            self.store.finish(st.problem, st.seq, st.generated)
+            self.classes.observe_final(st.init_class, st.generated, st.max_tokens)
+        if gone and not any(s is not None for s in self.requests.values()):
+            self._end_round()
+
+    def _account(self, reqs: int, proposed: int, accepted: int, any_live: bool) -> None:
+        if any_live:
+            self.round.steps += 1
+        if reqs:
+            self.verify_log.append((reqs, proposed, accepted))
+            for r in (self.round, self.totals):
+                r.verifications += reqs
+                r.proposed += proposed
+                r.accepted += accepted
+
+    def _end_round(self) -> None:
+        if self.round.steps:
+            self.classes.observe_round(self.round.steps)
+            self.rounds += 1
+        self.totals.steps += self.round.steps
+        self.round = Round()
+
+    # ------------------------------------------------------------------ budgets
+    def _budgets(self, live: list[tuple[int, RequestState]], cap: float) -> list[int]:
+        out = [0] * len(live)
+        optimal = [j for j, (_, st) in enumerate(live) if st.flags.policy == "optimal"]
+        for j, (_, st) in enumerate(live):
+            if st.flags.policy == "fixed":
+                out[j] = 2 * st.budget
+            elif st.flags.policy == "class":
+                if st.generated >= st.next_check and st.length_class != policy.LONG:
+                    st.next_check = st.generated + CLASS_CHECK_EVERY
+                    new = self.classes.update(st.length_class, st.generated, st.init_class,
+                                              st.max_tokens)
+                    if new != st.length_class:
+                        st.length_class = new
+                        st.class_budget = self.classes.budget(new, st.budget)
+                out[j] = st.class_budget
+        if optimal:
+            self._optimal(live, optimal, out)
+        return [min(self.k_max, int(b * cap + 0.5)) for b in out]
+
+    def _optimal(self, live, idx: list[int], out: list[int]) -> None:
+        """Eq. 6-7 over the running ``optimal`` requests: l_i = expected remaining length
+        (the problem's window, conditioned on the length so far), (k_i, alpha_i) fitted
+        online to Eq. 3 from the request's own drafts."""
+        ls, ks, alphas = [], [], []
+        for j in idx:
+            st = live[j][1]
+            ls.append(max(1.0, self._expected_remaining(st)))
+            k, a = policy.estimate_k_alpha(st.est)
+            ks.append(k)
+            alphas.append(a)
+        n_fwd, totals = policy.optimal_budgets(ls, ks, alphas, self.cfg.c_base_ms,
+                                               self.cfg.c_tok_ms)
+        for j, p in zip(idx, totals):
+            out[j] = policy.step_budget(p, max(n_fwd, 1.0), 2 * live[j][1].budget)
+
+    def _expected_remaining(self, st: RequestState) -> float:
+        longer = [n for n in self.store.lengths(st.problem) if n > st.generated]
+        if longer:
+            return sum(longer) / len(longer) - st.generated
+        return (self.classes.t_med(st.max_tokens) if st.generated < self.classes.t_med(
+            st.max_tokens) else st.max_tokens) - st.generated
+
+    # ------------------------------------------------------------------ drafting
+    def _draft(self, live, budgets, num_tokens_no_spec, token_ids_cpu, drafts) -> None:
+        depth = self.cfg.max_depth
+        todo = []
+        for (i, st), b in zip(live, budgets):
+            n = int(num_tokens_no_spec[i])
+            b = min(b, self.max_model_len - n - 1, st.max_tokens - st.generated - 1)
+            if b <= 0:
+                continue
+            tree = self.store.problems.get(st.problem)
+            if tree is None:
+                continue
+            todo.append((i, st, tree.tree, token_ids_cpu[i, max(0, n - depth):n].tolist(), b))
+        if not todo:
+            return
+        by_prob: dict[float, list] = {}
+        for item in todo:
+            by_prob.setdefault(item[1].min_prob, []).append(item)
+        for min_prob, items in by_prob.items():
+            got = draft_many([t[2] for t in items], [t[3] for t in items],
+                             [t[4] for t in items], min_prob)
+            for (i, st, tree, ctx, b), d in zip(items, got):
+                drafts[i] = d if d else _back_off(tree, ctx, b, min_prob)
+
+    # ------------------------------------------------------------------ reporting
+    def sync(self) -> None:
+        """Seal rollouts that ended since the last step (the API calls it between steps)."""
+        if self._runner is not None:
+            self._retire(self._runner.requests)
+
+    def stats(self) -> dict:
+        self.sync()
+        t = self.totals
+        cur = self.round
+        verifications = t.verifications
+        return {
+            **self.store.stats(),
+            "rounds": self.rounds,
+            "steps": t.steps + cur.steps,
+            "verifications": verifications,
+            "proposed": t.proposed,
+            "accepted": t.accepted,
+            "acceptance_rate": t.accepted / t.proposed if t.proposed else 0.0,
+            "mean_accepted_per_verification": t.accepted / verifications if verifications else 0.0,
+            "t_short": self.classes.t_short(self.max_model_len) if self.rounds else None,
+            "per_step": [list(x) for x in self.verify_log],
+        }
+
+    def prebuild(self, problem_id: str, rollouts, prompt_token_ids=None) -> int:
+        self.sync()
+        tail = list(prompt_token_ids or [])[-self.cfg.prompt_tail:] if prompt_token_ids else []
+        for tokens in rollouts:
+            self.store.insert(problem_id, list(tokens), tail)
+        return len(rollouts)
+
+    def clear(self, problem_id: str | None = None) -> int:
+        self.sync()
+        return self.store.clear(problem_id)
+
+
+def _back_off(tree, context: list[int], budget: int, min_prob: float) -> list[int]:
+    """Draft from the longest context suffix the tree has seen *continued*.
+
+    The request's own rollout is in its problem's tree, so the longest match of its
+    context is often only itself, which has no continuation yet.  Whether a suffix of
+    length j has a continuation is monotone in j (a continued occurrence of a suffix
+    continues all its shorter suffixes), so bisection finds the longest one.
+    """
+    lo, hi = 0, len(context)          # suffix of length lo continues; hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tree.draft(context[-mid:], 1, 0.0):
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0:
+        return []
+    return tree.draft(context[-lo:], budget, min_prob)
