@@ -6,9 +6,10 @@ vLLM's ``ngram`` and vLLM's ``suffix`` (Arctic Inference) speculative methods.
 
 RL revisits the same problems epoch after epoch; DAS drafts from each problem's recent
 rollouts (DAS Sec. 4.1), so epoch 1 fills the trees and later epochs draft from them.
-Every configuration is its own engine, all alive in this process; each epoch runs every
-configuration on the same prompts with the same seeds, interleaved, at temperature 1
-(``M`` samples per prompt, sent as ``M`` single requests, verl's way).
+Every configuration is its own engine (each DAS policy too: its trees and length history
+are its own), all alive in this process; each epoch runs every configuration on the same
+prompts with the same seeds, interleaved, at temperature 1 (``M`` samples per prompt,
+sent as ``M`` single requests, verl's way).
 
 Configurations: ``stock`` (vLLM's default engine, async scheduling, no speculation),
 ``stock-sync`` (the same with synchronous scheduling, which every CPU drafter needs),
@@ -24,6 +25,12 @@ accepted length: 1 + accepted drafts per verification round, counted over every 
 step of every request).  The summary gives epochs 2.. (warm trees) and each
 configuration's wall-time ratio to ``stock`` on them.
 
+Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) unless ``--multiprocess``:
+on this 2-core machine vLLM's engine-core and worker processes compete with the compute
+for the cores, which slowed every configuration here (stock by 35%) and the speculative
+ones most (they add a round trip per step to fetch the drafts).  Either way every
+configuration runs the same way.
+
 Note: vLLM 0.32.0's CPU backend samples speculative steps with ``temperature > 0`` from
 uninitialised temperatures; ``patches/cpu_spec_expand.py`` (applied by the vllm_rl plugin
 in every vLLM process here, stock engines included) fixes it, so every speculative
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -63,19 +71,22 @@ def engines(names: list[str], model: str, seed: int) -> dict:
             "prompt_lookup_max": 5}, **stock),
         "suffix": lambda: vllm.LLM(model, async_scheduling=False, speculative_config={
             "method": "suffix", "num_speculative_tokens": K}, **stock),
-        "das": lambda: LLM(model, das={"budget": K // 2}, **common),
     }
     out = {}
-    for name in names:
-        kind = "das" if name.startswith("das-") else name
-        if kind == "suffix":
+    # In-process, each engine re-registers vLLM's CPU kernel overrides by walking every
+    # loaded module; the ngram proposer loads numba (llvmlite), whose objects break that
+    # walk, so the ngram engine starts last (after suffix, which imports Arctic).
+    for name in sorted(names, key=lambda n: {"suffix": 1, "ngram": 2}.get(n, 0)):
+        if name == "suffix":
             try:
                 import arctic_inference  # noqa: F401
             except ImportError:
                 print("suffix: skipped (pip install arctic-inference==0.3.0 to run it)")
                 continue
-        if kind not in out:
-            out[kind] = make[kind]()
+        if name.startswith("das-"):
+            out[name] = LLM(model, das={"budget": K // 2}, **common)
+        else:
+            out[name] = make[name]()
     return out
 
 
@@ -194,7 +205,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--configs", default=",".join(ALL))
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
+    ap.add_argument("--multiprocess", action="store_true",
+                    help="vLLM's default engine-core and worker processes (default: in-process)")
     args = ap.parse_args(argv)
+    if not args.multiprocess:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
     import vllm
     from tqdm import tqdm
@@ -207,27 +222,31 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"unknown configuration(s) {sorted(unknown)}; choose from {ALL}")
     model = args.model or str(MODEL_PATH)
     llms = engines(names, model, args.seed)
-    names = [n for n in names if ("das" if n.startswith("das-") else n) in llms]
+    names = [n for n in names if n in llms]
     prompts = heldout_prompts(args.prompts)
     for llm in llms.values():            # warm-up outside the timings (no DAS trees touched)
         llm.generate(prompts[:4], vllm.SamplingParams(n=2, max_tokens=16), use_tqdm=False)
     runs = []
     plan = [(e, n) for e in range(args.epochs) for n in names]
     for epoch, name in tqdm(plan, desc="epochs x configs", unit="run"):
-        llm = llms["das" if name.startswith("das-") else name]
+        llm = llms[name]
         runs.append(run_epoch(llm, name, prompts, args.m, args.seed + 10_000 * epoch,
                               args.max_tokens, epoch))
     rows = summarize(runs)
-    das_stats = llms["das"].das_stats() if "das" in llms else None
-    if das_stats:
-        das_stats.pop("per_step", None)
-        das_stats.pop("per_problem", None)
+    das_stats = {}
+    for name in names:
+        if name.startswith("das-"):
+            st = llms[name].das_stats()
+            st.pop("per_step", None)
+            st.pop("per_problem", None)
+            das_stats[name] = st
     print(f"\nmodel {model}; {len(prompts)} prompts x {args.m} samples; {args.epochs} epochs "
           f"(epoch 1 fills the trees; columns other than 'epoch1 s' average epochs 2..); "
-          f"max_tokens {args.max_tokens}; temperature 1; {K} draft tokens at most")
+          f"max_tokens {args.max_tokens}; temperature 1; {K} draft tokens at most; "
+          f"{'multiprocess' if args.multiprocess else 'in-process'} engines")
     print_table(rows)
-    if das_stats:
-        print(f"DAS drafter: {json.dumps(das_stats)}")
+    for name, st in das_stats.items():
+        print(f"{name} drafter: {json.dumps(st)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"das-rollout-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--suite", choices=("all", "step", "das"), default="all")
     ap.add_argument("--epochs", type=int, default=3, help="das suite: epochs")
     ap.add_argument("--das-configs", default=None, help="das suite: configurations")
+    ap.add_argument("--das-multiprocess", action="store_true",
+                    help="das suite: vLLM's multiprocess engines (default: in-process)")
     args = ap.parse_args(argv)
     if args.suite in ("all", "step"):
         step_suite(args, ap)
@@ -222,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
             ([f"--model={args.model}"] if args.model else [])
             + [f"--prompts={args.prompts}", f"--m={args.m}", f"--epochs={args.epochs}",
                f"--max-tokens={args.max_tokens}", f"--seed={args.seed}", f"--out={args.out}"]
-            + ([f"--configs={args.das_configs}"] if args.das_configs else []))
+            + ([f"--configs={args.das_configs}"] if args.das_configs else [])
+            + (["--multiprocess"] if args.das_multiprocess else []))
 
 
 def step_suite(args, ap) -> None:

@@ -191,6 +191,19 @@ def accepted(draft, truth) -> int:
     return n
 
 
+def remove_all(tree, rollouts) -> float:
+    """Remove the oldest 10% of rollouts (timed: the sliding window), then the rest;
+    returns microseconds per removed token of the timed part."""
+    k = max(1, len(rollouts) // 10)
+    t0 = time.perf_counter()
+    for i in range(k):
+        tree.remove(i)
+    remove_s = time.perf_counter() - t0
+    for i in range(k, len(rollouts)):
+        tree.remove(i)
+    return 1e6 * remove_s / sum(len(rollouts[i]) for i in range(k))
+
+
 def bench_ours(rollouts, contexts, growing, depth: int) -> dict:
     tree = SuffixTree(depth)
     base_bytes = tree.memory_bytes()
@@ -228,14 +241,7 @@ def bench_ours(rollouts, contexts, growing, depth: int) -> dict:
     batch_s = time.perf_counter() - t0
     assert batch == drafts
 
-    k = max(1, len(rollouts) // 10)
-    t0 = time.perf_counter()
-    removed = sum(len(rollouts[i]) for i in range(k))
-    for i in range(k):
-        tree.remove(i)
-    remove_s = time.perf_counter() - t0
-    for i in range(k, len(rollouts)):
-        tree.remove(i)
+    remove_us_per_token = remove_all(tree, rollouts)
     assert (tree.memory_bytes(), tree.num_nodes()) == (base_bytes, 1), "memory did not return"
 
     lat.sort()
@@ -253,7 +259,7 @@ def bench_ours(rollouts, contexts, growing, depth: int) -> dict:
         "memory_bytes_per_token": mem / stored,
         "heap_bytes_per_token": None if heap is None else heap / stored,
         "nodes_per_token": (nodes - 1) / stored,
-        "remove_us_per_token": 1e6 * remove_s / removed,
+        "remove_us_per_token": remove_us_per_token,
         "memory_returned_to_base": True,
     }
 
@@ -328,14 +334,7 @@ def bench_arctic(rollouts, contexts, growing, depth: int) -> dict:
     cache.stop_request("bench")
     assert cache_drafts == drafts
 
-    k = max(1, len(rollouts) // 10)
-    t0 = time.perf_counter()
-    removed = sum(len(rollouts[i]) for i in range(k))
-    for i in range(k):
-        tree.remove(i)
-    remove_s = time.perf_counter() - t0
-    for i in range(k, len(rollouts)):
-        tree.remove(i)
+    remove_us_per_token = remove_all(tree, rollouts)
     residual = None if heap0 is None else heap_bytes() - heap0
 
     return {"arctic": {
@@ -350,7 +349,7 @@ def bench_arctic(rollouts, contexts, growing, depth: int) -> dict:
         "memory_bytes_per_token": None,
         "estimate_memory_bytes_per_token": estimate / stored,
         "heap_bytes_per_token": None if heap is None else heap / stored,
-        "remove_us_per_token": 1e6 * remove_s / removed,
+        "remove_us_per_token": remove_us_per_token,
         "heap_bytes_left_after_removing_all": residual,
     }, "arctic_f1": f1}
 

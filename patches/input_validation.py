@@ -64,7 +64,7 @@ def apply() -> None:
         from vllm.sampling_params import SamplingParams
 
         from vllm_rl.flags import KEY, FlagError, extract, normalize
-        from vllm_rl.spec.config import check_engine, prompt_problem_id
+        from vllm_rl.spec.config import check_engine, default_problem_id
 
         if not isinstance(params, SamplingParams) or not params.extra_args:
             return original(self, request_id, prompt, params, *args, **kwargs)
@@ -79,7 +79,7 @@ def apply() -> None:
             raise VLLMValidationError(str(e), parameter=f"{KEY}.{e.flag}") from e
         request = original(self, request_id, prompt, params, *args, **kwargs)
         if "das" in canonical and canonical["das"]["problem_id"] is None:
-            canonical["das"]["problem_id"] = prompt_problem_id(request.prompt_token_ids)
+            canonical["das"]["problem_id"] = default_problem_id(raw, request.prompt_token_ids)
         own = request.sampling_params
         own.extra_args = {k: v for k, v in own.extra_args.items() if not k.startswith(KEY)}
         own.extra_args[KEY] = canonical

@@ -18,7 +18,8 @@ def test_defaults_and_engine_kwargs():
 
 
 @pytest.mark.parametrize("bad", [{"budget": 0}, {"budget": 33}, {"window": 0},
-                                 {"max_depth": 1}, {"full_batch": 9, "off_batch": 8},
+                                 {"max_depth": 1}, {"full_batch": 9, "off_batch": 8}, {"min_prob": 2.0},
+                                 {"c_tok_ms": 0.0}, {"history": 0},
                                  {"windw": 3}])
 def test_bad_settings_are_rejected(bad):
     with pytest.raises(ValueError):

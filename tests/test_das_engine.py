@@ -4,7 +4,6 @@ and DARTS/DUET with multi-token steps.
 The engine is ``vllm_rl.LLM(das=True)``: vLLM's ``custom_class`` speculative method with
 the DAS proposer; vLLM's own rejection sampler decides every token.
 """
-import math
 import re
 import statistics
 
@@ -101,21 +100,32 @@ def _mean_logprob(c) -> float:
 
 
 def test_sampling_distribution_unchanged_by_das(das_llm, prompts):
-    """At temperature 1 the samples follow the model with DAS as without: the per-sample
-    mean token log-probability and the length agree within 4.5 standard errors (a broken
-    verifier, e.g. a wrong temperature at draft positions, moves them by many)."""
+    """At temperature 1 the samples follow the model with DAS as without.
+
+    Per arm, three seeded rounds of 16 prompts x 8 samples; the statistic is a round's
+    mean per-sample token log-probability (and mean length).  Measured here, round means
+    spread with a standard deviation of about 0.01 nats (5 tokens), so arms three rounds
+    each differ by less than 0.04 (12 tokens) unless the verifier is wrong: with the CPU
+    temperature bug (``patches/cpu_spec_expand.py``) the DAS arm's tokens are noise, far
+    below -1 nat per token."""
     ps = prompts[24:40]
-    das = SamplingParams(n=8, temperature=1.0, max_tokens=128, seed=11, logprobs=0,
-                         extra_args=rl_params(das={"policy": "fixed"}))
-    das_llm.generate(ps, das, use_tqdm=False)
-    with_das = [c for o in das_llm.generate(ps, das, use_tqdm=False) for c in o.outputs]
-    plain = SamplingParams(n=8, temperature=1.0, max_tokens=128, seed=12, logprobs=0)
-    without = [c for o in das_llm.generate(ps, plain, use_tqdm=False) for c in o.outputs]
-    assert sum(c.rollout_info.draft_accepted for c in with_das) > 0
-    for stat in (_mean_logprob, lambda c: len(c.token_ids)):
-        a, b = [stat(c) for c in with_das], [stat(c) for c in without]
-        se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
-        assert abs(statistics.fmean(a) - statistics.fmean(b)) < 4.5 * se
+
+    def arm(das: bool, seed: int) -> tuple[float, float]:
+        extra = rl_params(das={"policy": "fixed"}) if das else None
+        outs = das_llm.generate(ps, SamplingParams(n=8, temperature=1.0, max_tokens=128,
+                                                   seed=seed, logprobs=0, extra_args=extra),
+                                use_tqdm=False)
+        cs = [c for o in outs for c in o.outputs]
+        if das:
+            assert sum(c.rollout_info.draft_accepted for c in cs) > 0
+        return statistics.fmean(map(_mean_logprob, cs)), statistics.fmean(len(c.token_ids) for c in cs)
+
+    arm(True, 10)                                           # fills the trees
+    with_das = [arm(True, seed) for seed in (11, 12, 13)]
+    without = [arm(False, seed) for seed in (21, 22, 23)]
+    for k, bound in ((0, 0.04), (1, 12.0)):
+        diff = statistics.fmean(x[k] for x in with_das) - statistics.fmean(x[k] for x in without)
+        assert abs(diff) < bound, (k, with_das, without)
 
 
 def test_das_with_darts_and_duet_in_one_request(das_llm, prompts):
@@ -127,6 +137,8 @@ def test_das_with_darts_and_duet_in_one_request(das_llm, prompts):
     das_llm.generate(ps, sp, use_tqdm=False)
     outs = das_llm.generate(ps, sp, use_tqdm=False)
     accepted = 0
+    reasons = {i.reason for o in outs for i in (c.rollout_info for c in o.outputs)}
+    assert {Reason.DARTS_CANCELLED, Reason.DUET_ABORTED} <= reasons
     for out in outs:
         infos = [c.rollout_info for c in out.outputs]
         valid = [i for i in infos if i.valid]
@@ -198,8 +210,10 @@ def test_engine_reports_acceptance_per_verification_step(das_llm, greedy_runs):
     stats = das_llm.das_stats()
     steps = stats["per_step"]
     assert steps and all(reqs >= 1 and 0 <= acc <= prop for reqs, prop, acc in steps)
-    assert stats["accepted"] == sum(acc for _, _, acc in stats["per_step"]) or \
-        len(steps) == das_llm.llm_engine.vllm_config.additional_config["vllm_rl_das"]["stats_rounds"]
+    assert len(steps) < 4096                      # the log has not wrapped: totals add up
+    assert stats["accepted"] == sum(acc for _, _, acc in steps)
+    assert stats["proposed"] == sum(prop for _, prop, _ in steps)
+    assert stats["verifications"] == sum(reqs for reqs, _, _ in steps)
     assert 0 < stats["acceptance_rate"] <= 1 and stats["mean_accepted_per_verification"] > 0
 
 
@@ -216,3 +230,40 @@ def test_das_flags_checked_against_the_engine(das_llm, rl_llm, prompts):
     out = das_llm.generate(prompts[:1], SamplingParams(max_tokens=4, extra_args=rl_params(
         das={"budget": 2})), use_tqdm=False)[0]
     assert out.outputs[0].rollout_info.draft_proposed is not None
+
+
+def test_class_policy_drafts_for_long_requests_only(das_llm, prompts):
+    """Sec. 4.2.3: after a round, T_short is that round's N_fwd; a problem whose history is
+    short starts short (budget 0) and is promoted only once its length makes "short"
+    unlikely; with no history a request starts medium (budget b)."""
+    ps = prompts[52:60]
+
+    def sp(seed):
+        return [SamplingParams(n=4, temperature=1.0, max_tokens=256, seed=seed,
+                               extra_args=rl_params(das={"problem_id": f"cls-{i}"}))
+                for i in range(len(ps))]
+
+    first = das_llm.generate(ps, sp(31), use_tqdm=False)       # no history: all medium
+    assert all(c.rollout_info.draft_proposed > 0 for o in first for c in o.outputs
+               if c.rollout_info.length > 2)
+    n_fwd = das_llm.das_stats()["n_fwd_recent_rounds"][-1]
+    assert 0 < n_fwd <= 256
+    second = [c.rollout_info for o in das_llm.generate(ps, sp(32), use_tqdm=False)
+              for c in o.outputs]
+    undrafted = [i for i in second if i.draft_proposed == 0]
+    drafted = [i for i in second if i.draft_proposed > 0]
+    assert undrafted and drafted                               # classes differ by request
+    assert max(i.length for i in undrafted) < max(i.length for i in drafted)
+
+
+def test_optimal_policy_sets_budgets_per_request(das_llm, prompts):
+    """Eq. 7 over the running requests: budgets differ by request, tokens stay the model's."""
+    ps = prompts[56:60]
+    sp = SamplingParams(n=4, temperature=1.0, max_tokens=128, seed=41,
+                        extra_args=rl_params(das={"policy": "optimal", "problem_id": "opt"}))
+    das_llm.generate(ps, sp, use_tqdm=False)
+    infos = [c.rollout_info for o in das_llm.generate(ps, sp, use_tqdm=False)
+             for c in o.outputs]
+    assert all(0 <= i.draft_accepted <= i.draft_proposed for i in infos)
+    rates = {round(i.draft_proposed / i.length, 2) for i in infos if i.length > 8}
+    assert len(rates) > 1

@@ -88,11 +88,16 @@ def test_das_section_defaults_and_problem_id():
     c = normalize({"das": {}})
     assert c["das"] == {"problem_id": None, "policy": "class", "budget": None, "min_prob": None}
     assert "group" not in c                       # DAS needs no group
-    named = normalize({"group": {"id": "uid-7", "size": 4}, "das": {}})
-    assert named["das"]["problem_id"] == "uid-7"  # defaults to a group the caller named
+    from vllm_rl.spec.config import default_problem_id, prompt_problem_id
+
+    named = {"group": {"id": "uid-7", "size": 4}, "das": {}}
+    assert normalize(named)["das"]["problem_id"] is None   # set at submission:
+    assert default_problem_id(named, [1, 2]) == "uid-7"    # a group the caller named
+    assert default_problem_id({"das": {}}, [1, 2]) == prompt_problem_id([1, 2])
     unnamed = normalize({"das": {}}, n=8, default_group_id="req-1")
-    assert unnamed["das"]["problem_id"] is None   # the prompt names it (at submission)
-    assert normalize(named) == named              # canonical form is a fixed point
+    assert unnamed["das"]["problem_id"] is None
+    for canonical in (normalize(named), unnamed):
+        assert normalize(canonical) == canonical           # a fixed point
     f = parse(normalize({"das": {"problem_id": "p3", "policy": "optimal", "budget": 2}})).das
     assert (f.problem_id, f.policy, f.budget, f.min_prob) == ("p3", "optimal", 2, None)
 

@@ -170,9 +170,11 @@ DAS_FIELDS = {
 class DasFlags:
     """DAS speculative decoding from the problem's suffix tree (Sec. 4.1-4.2).
 
-    ``problem_id`` names the tree the request drafts from and feeds; left out, it is the
-    group id when the flags name one (``group.id``), else the prompt itself, so the
-    rollouts of one prompt share a tree across steps.  ``policy`` sets the draft budget
+    ``problem_id`` names the tree the request drafts from and feeds; left out, the front
+    end sets it to the group id when the flags name one (``group.id``), else to the
+    prompt itself (:func:`vllm_rl.spec.config.default_problem_id`).  Trees carry across
+    steps only under a stable id: verl's ``uid`` is fresh every step, so send the
+    dataset index (or leave the group unnamed and let the prompt key the tree).  ``policy`` sets the draft budget
     per verification round: ``"class"`` the length classes of Sec. 4.2.3 (0 / b / 2b),
     ``"optimal"`` Eq. 7 from online acceptance estimates, ``"fixed"`` always 2b (the
     budget-agnostic baseline of Sec. 5.3).  ``budget`` is b (default: the engine's),
@@ -246,13 +248,6 @@ def _duet(raw: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def _das(raw: dict[str, Any], raw_group: Any, group: dict[str, Any] | None) -> dict[str, Any]:
-    d = _section("das", raw, DAS_FIELDS)
-    if d["problem_id"] is None and isinstance(raw_group, dict) and raw_group.get("id"):
-        d["problem_id"] = group["id"]           # a group the caller named
-    return d
-
-
 def extract(extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
     """The raw RL flags of a request's ``extra_args``, or None if it has none.
 
@@ -309,7 +304,7 @@ def normalize(raw: Any, n: int | None = None, default_group_id: str | None = Non
     if raw.get("duet") is not None:
         out["duet"] = _duet(raw["duet"])
     if raw.get("das") is not None:
-        out["das"] = _das(raw["das"], raw.get("group"), out.get("group"))
+        out["das"] = _section("das", raw["das"], DAS_FIELDS)
     return out
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Sequence
 
 
 def check_int(name: str, value: Any, lo: int) -> int:
@@ -21,3 +21,13 @@ def check_real(name: str, value: Any, lo: float | None = None, strict: bool = Fa
     if lo is not None and (value <= lo if strict else value < lo):
         raise ValueError(f"{name} must be {'>' if strict else '>='} {lo}, got {value}")
     return float(value)
+
+
+def check_same_length(**seqs: Sequence[Any]) -> int:
+    """The common length of the named sequences (ValueError naming the odd one)."""
+    sizes = {name: len(seq) for name, seq in seqs.items()}
+    first, n = next(iter(sizes.items()))
+    for name, size in sizes.items():
+        if size != n:
+            raise ValueError(f"{name} must have the same length as {first} ({n}), got {size}")
+    return n

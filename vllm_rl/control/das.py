@@ -46,6 +46,7 @@ from typing import Any
 
 from vllm_rl.control.checks import check_int as _check_int
 from vllm_rl.control.checks import check_real as _check_real
+from vllm_rl.control.checks import check_same_length as _check_same_length
 
 __all__ = [
     "CLASSES", "LONG", "MEDIUM", "SHORT",
@@ -83,15 +84,6 @@ def _check_unit(name: str, value: Any) -> float:
 def _check_model(p: Any, l: Any, k: Any, alpha: Any) -> tuple[float, float, float, float]:
     return (_check_real("p", p, lo=0.0), _check_real("l", l, lo=0.0), _check_unit("k", k),
             _check_real("alpha", alpha, lo=0.0, strict=True))
-
-
-def _check_lists(**lists: Sequence[Any]) -> int:
-    sizes = {name: len(seq) for name, seq in lists.items()}
-    first, n = next(iter(sizes.items()))
-    for name, size in sizes.items():
-        if size != n:
-            raise ValueError(f"{name} must have the same length as {first} ({n}), got {size}")
-    return n
 
 
 # ----------------------------------------------------------- Sec. 4.2.3: length classes
@@ -322,7 +314,7 @@ def latency(p_list: Sequence[float], l_list: Sequence[float], k_list: Sequence[f
             alpha_list: Sequence[float], c_base: float, c_tok: float, c: float = 0.0) -> float:
     """Eq. 5: J(p) = c_base max_i l_i (1 − k_i + k_i e^{−α_i p_i / l_i}) + c_tok Σ_i p_i + C
     (an empty batch costs C)."""
-    _check_lists(p_list=p_list, l_list=l_list, k_list=k_list, alpha_list=alpha_list)
+    _check_same_length(p_list=p_list, l_list=l_list, k_list=k_list, alpha_list=alpha_list)
     c_base = _check_real("c_base", c_base, lo=0.0)
     c_tok = _check_real("c_tok", c_tok, lo=0.0)
     c = _check_real("c", c, lo=0.0)
@@ -376,7 +368,7 @@ def optimal_budgets(l_list: Sequence[float], k_list: Sequence[float],
 
     Returns (0.0, []) for an empty batch; requests with l_i = 0 or k_i = 0 get 0.
     """
-    n = _check_lists(l_list=l_list, k_list=k_list, alpha_list=alpha_list)
+    n = _check_same_length(l_list=l_list, k_list=k_list, alpha_list=alpha_list)
     ls = [_check_real(f"l_list[{i}]", v, lo=0.0) for i, v in enumerate(l_list)]
     ks = [_check_unit(f"k_list[{i}]", v) for i, v in enumerate(k_list)]
     alphas = [_check_real(f"alpha_list[{i}]", v, lo=0.0, strict=True)

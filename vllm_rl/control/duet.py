@@ -49,6 +49,7 @@ from typing import Any
 
 from vllm_rl.control.checks import check_int as _check_int
 from vllm_rl.control.checks import check_real as _check_real
+from vllm_rl.control.checks import check_same_length as _check_same_length
 
 __all__ = [
     "ABORTED", "EPS_KEPT", "KEPT", "STATUSES",
@@ -87,15 +88,6 @@ def _check_unit(name: str, value: Any) -> float:
 def _check_reals(name: str, values: Iterable[Any], lo: float | None = None,
                  strict: bool = False) -> list[float]:
     return [_check_real(f"{name}[{i}]", v, lo, strict) for i, v in enumerate(values)]
-
-
-def _check_same_length(**seqs: Sequence[Any]) -> int:
-    sizes = {name: len(seq) for name, seq in seqs.items()}
-    first, n = next(iter(sizes.items()))
-    for name, size in sizes.items():
-        if size != n:
-            raise ValueError(f"{name} must have the same length as {first} ({n}), got {size}")
-    return n
 
 
 def _check_status(name: str, status: Any) -> str:

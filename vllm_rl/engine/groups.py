@@ -25,7 +25,8 @@ class Member:
     finish_rank: int | None = None
     duet: "DuetState | None" = None
     draft_proposed: int = 0     # speculative tokens this sample was verified on
-    draft_accepted: int = 0     # of which the model accepted
+    draft_accepted: int = 0     # of which the model accepted (and the sample kept)
+    step_accepted: int = 0      # accepted this step, until the update sees what is kept
 
 
 @dataclass

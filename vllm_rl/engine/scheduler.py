@@ -108,6 +108,9 @@ class RLSchedulerMixin:
         member = self.rl_members.get(request.request_id)
         if member is None:
             return new_token_ids, stopped
+        if member.step_accepted:       # accepted drafts among the tokens the sample kept
+            member.draft_accepted += min(member.step_accepted, len(new_token_ids))
+            member.step_accepted = 0
         group = member.group
         if group is not None and group.stopped:
             # Its group already has its M shortest (possibly earlier in this very step).
@@ -135,7 +138,8 @@ class RLSchedulerMixin:
         return outputs
 
     def _count_drafts(self, scheduler_output, model_runner_output) -> None:
-        """Per sample: draft tokens verified this step and how many were accepted."""
+        """Per sample: draft tokens verified this step, and how many were accepted (of
+        which those the sample keeps, i.e. not past a stop, count at its update)."""
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
@@ -144,7 +148,7 @@ class RLSchedulerMixin:
             if member is None or i is None or not sampled or not sampled[i]:
                 continue
             member.draft_proposed += sum(1 for t in spec if t >= 0)
-            member.draft_accepted += len(sampled[i]) - 1
+            member.step_accepted = len(sampled[i]) - 1   # kept ones counted at the update
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False):
         member = self.rl_members.pop(request.request_id, None)

@@ -6,7 +6,7 @@ DAS runs as vLLM's ``custom_class`` speculative method: the engine is started wi
 the settings below in ``additional_config["vllm_rl_das"]``, which vLLM hands to every
 worker with the rest of its config.  ``vllm_rl.LLM(das=...)`` / ``engine_args(das=...)``
 build both; per-request flags (``das`` section of :mod:`vllm_rl.flags`) choose the
-problem, the policy and may lower ``b`` or raise ``min_prob``.
+problem and the policy, and may lower ``b`` or set ``min_prob``.
 
 vLLM runs CPU-side drafters (``ngram``, ``suffix``, ``custom_class``) with synchronous
 scheduling only, so a DAS engine uses :class:`~vllm_rl.engine.scheduler.RLSyncScheduler`.
@@ -41,7 +41,8 @@ class DASConfig:
     so the defaults never cut budgets below 256 running requests; lower them where
     verification costs more (a GPU at large batch), after measuring there.
     ``c_base_ms``/``c_tok_ms`` are Eq. 1's per-pass and per-token costs used by the
-    ``optimal`` policy (Eq. 6-7).  ``round_horizon`` rounds in T_short's moving average,
+    ``optimal`` policy (Eq. 6-7); the defaults are the PTL fit of this CPU engine
+    (``benchmarks/ptl.py``: 2.4-2.8 ms at batch 1-4, about 0.13 ms per added sequence).  ``round_horizon`` rounds in T_short's moving average,
     ``history`` final lengths kept for the class posterior.
     """
 
@@ -68,6 +69,13 @@ class DASConfig:
             raise ValueError(f"DASConfig.max_depth={self.max_depth}: allowed int in [2, 1024]")
         if not 0 <= self.full_batch <= self.off_batch:
             raise ValueError("DASConfig: need 0 <= full_batch <= off_batch")
+        if not 0.0 <= self.min_prob <= 1.0:
+            raise ValueError(f"DASConfig.min_prob={self.min_prob}: allowed float in [0, 1]")
+        if self.prompt_tail < 0 or min(self.round_horizon, self.history, self.stats_rounds) < 1:
+            raise ValueError("DASConfig: prompt_tail >= 0; round_horizon, history, "
+                             "stats_rounds >= 1")
+        if self.c_base_ms < 0 or self.c_tok_ms <= 0:
+            raise ValueError("DASConfig: c_base_ms >= 0 and c_tok_ms > 0 (Eq. 1)")
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -110,6 +118,15 @@ class DASConfig:
             "scheduler_cls": SYNC_SCHEDULER_CLS,
             "async_scheduling": False,
         }
+
+
+def default_problem_id(raw_flags: dict[str, Any], prompt_token_ids) -> str:
+    """``das.problem_id`` when a request names none: its group id if the caller named the
+    group (``group.id`` in the flags as sent), else its prompt."""
+    group = raw_flags.get("group")
+    if isinstance(group, dict) and isinstance(group.get("id"), str) and group["id"]:
+        return group["id"]
+    return prompt_problem_id(prompt_token_ids)
 
 
 def prompt_problem_id(prompt_token_ids) -> str:

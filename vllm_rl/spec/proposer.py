@@ -10,8 +10,12 @@ passes token arrays only, and DAS needs each row's request id and flags.
 
 Per step, for each request whose flags have a ``das`` section:
 
-1. *Feed* (Sec. 4.1.2): its new tokens extend its rollout in its problem's tree; a
-   rollout that left the runner is sealed into the window (:mod:`vllm_rl.spec.store`).
+1. *Feed* (Sec. 4.1.2): its new tokens extend its rollout in its problem's tree.  A
+   rollout is sealed into the problem's window (:mod:`vllm_rl.spec.store`) as soon as
+   its tokens show a natural end (a stop token, ``max_tokens``, the model length), or
+   when its request leaves the runner (cancelled, aborted, stopped by a string).  Only
+   natural ends enter the length history the classes learn from: a DARTS-cancelled or
+   DUET-aborted sample's length says nothing about how long it would have run.
 2. *Account*: the drafts it was verified on and how many were accepted (per request,
    per problem and per verification round, see :meth:`stats`).
 3. *Budget* (Sec. 4.2): ``policy="class"`` puts it in a length class, short / medium /
@@ -25,8 +29,9 @@ Per step, for each request whose flags have a ``das`` section:
    occurrence never continues: the match backs off to the longest suffix that does).
 
 Requests without ``das`` flags get no draft and decode as on a stock engine.  A round
-(one rollout batch) ends when no DAS request is left; its number of forward steps
-feeds T_short (Sec. 4.2.3).
+(one rollout batch) ends when no DAS request is left; its N_fwd, the most forward
+passes any of its requests took (Eq. 4: the passes the batch needs), feeds T_short
+(Sec. 4.2.3).  Classes are re-evaluated every :data:`CLASS_CHECK_EVERY` tokens.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ from typing import Any
 from vllm.logger import init_logger
 
 from vllm_rl.control import das as policy
-from vllm_rl.flags import KEY, DasFlags, parse
+from vllm_rl.flags import DasFlags, FlagError, extract, normalize, parse
 from vllm_rl.spec.config import DASConfig, prompt_problem_id
 from vllm_rl.spec.store import ProblemTrees
 from vllm_rl.spec.suffix_tree import draft_many
@@ -62,14 +67,19 @@ class RequestState:
     class_budget: int = 0               # the draft budget of length_class
     next_check: int = 0                 # generated tokens at the next class update
     generated: int = 0                  # output tokens fed so far
+    steps: int = 0                      # forward passes that gave it tokens
+    stop_ids: frozenset = frozenset()   # token ids that end it (EOS and stop tokens)
+    done: bool = False                  # sealed: a natural end was seen
     est: policy.AcceptanceEstimate = field(default_factory=policy.AcceptanceEstimate)
 
 
 @dataclass
 class Round:
-    """Totals of one rollout round (while any DAS request runs)."""
+    """Totals of one rollout round (while any DAS request runs).  ``n_fwd`` is Eq. 4's
+    N_fwd: the most forward passes one of its requests took."""
 
     steps: int = 0
+    n_fwd: int = 0
     verifications: int = 0      # request-steps that verified a draft
     proposed: int = 0
     accepted: int = 0
@@ -89,10 +99,12 @@ class DASProposer:
         self.store = ProblemTrees(cfg.window, cfg.max_stored_tokens, cfg.max_depth)
         self.classes = policy.LengthClasses(horizon=cfg.round_horizon, history=cfg.history)
         self.requests: dict[str, RequestState | None] = {}   # None: not a DAS request
+        self._owner: dict[str, Any] = {}    # request id -> the runner's state it was seen with
         self.round = Round()
         self.rounds = 0
         self.verify_log: deque = deque(maxlen=cfg.stats_rounds)  # per step (reqs, prop, acc)
         self.totals = Round()
+        self.n_fwd_log: deque = deque(maxlen=cfg.round_horizon)
         self._runner = None
         self._sched = None
 
@@ -120,7 +132,7 @@ class DASProposer:
         for i, sampled in enumerate(sampled_token_ids):
             rid = req_ids[i]
             st = self._state(rid, runner, batch, i)
-            if st is None or not sampled:
+            if st is None or st.done or not sampled:
                 continue
             drafted = sum(1 for t in spec.get(rid, ()) if t >= 0)
             if drafted:
@@ -131,10 +143,10 @@ class DASProposer:
                     p.drafted += drafted
                     p.accepted += acc
                 step_reqs, step_prop, step_acc = step_reqs + 1, step_prop + drafted, step_acc + acc
-            self.store.extend(st.problem, st.seq, sampled)
-            st.generated += len(sampled)
-            live.append((i, st))
+            if self._feed(st, sampled, int(num_tokens_no_spec[i])):
+                live.append((i, st))
         self._account(step_reqs, step_prop, step_acc, bool(live))
+        self._maybe_end_round()
         if not live:
             return drafts
         cap = policy.batch_cap(len(req_ids), self.cfg.full_batch, self.cfg.off_batch)
@@ -146,19 +158,21 @@ class DASProposer:
 
     # ------------------------------------------------------------------ requests
     def _state(self, rid: str, runner: Any, batch: Any, i: int) -> RequestState | None:
-        if rid in self.requests:
-            return self.requests[rid]
-        st = None
         cached = runner.requests.get(rid)
+        if rid in self.requests:
+            if self._owner.get(rid) is cached:
+                return self.requests[rid]
+            self._seal(rid)                      # the id was reused by a new request
+        st = None
         params = getattr(cached, "sampling_params", None)
-        extra = getattr(params, "extra_args", None) or {}
-        canonical = extra.get(KEY)
-        if isinstance(canonical, dict) and canonical.get("das") is not None:
-            st = self._start(rid, parse(canonical).das, params, cached, batch, i)
+        flags = _das_flags(getattr(params, "extra_args", None))
+        if flags is not None:
+            st = self._start(flags, params, cached, batch, i)
         self.requests[rid] = st
+        self._owner[rid] = cached
         return st
 
-    def _start(self, rid, flags: DasFlags, params, cached, batch, i) -> RequestState:
+    def _start(self, flags: DasFlags, params, cached, batch, i) -> RequestState:
         n_prompt = int(batch.num_prompt_tokens[i])
         prompt = cached.prompt_token_ids or []
         problem = flags.problem_id or prompt_problem_id(prompt)
@@ -167,22 +181,45 @@ class DASProposer:
         max_tokens = params.max_tokens or (self.max_model_len - n_prompt)
         b = self.cfg.budget if flags.budget is None else min(flags.budget, self.cfg.budget)
         init = self.classes.initial(self.store.lengths(problem), max_tokens)
+        stop_ids = set(params.all_stop_token_ids or ())
+        if params.eos_token_id is not None and not params.ignore_eos:
+            stop_ids.add(params.eos_token_id)
         return RequestState(
             problem=problem, seq=seq, flags=flags, max_tokens=max_tokens, budget=b,
             min_prob=self.cfg.min_prob if flags.min_prob is None else flags.min_prob,
-            init_class=init, length_class=init, class_budget=self.classes.budget(init, b))
+            init_class=init, length_class=init, class_budget=self.classes.budget(init, b),
+            stop_ids=frozenset(stop_ids))
+
+    def _feed(self, st: RequestState, sampled: list[int], num_tokens: int) -> bool:
+        """Extend the rollout with this step's tokens; seal it at a natural end (the
+        tokens after a stop token are not the sample's).  True if it goes on."""
+        end = next((j + 1 for j, t in enumerate(sampled) if t in st.stop_ids), None)
+        tokens = sampled if end is None else sampled[:end]
+        self.store.extend(st.problem, st.seq, tokens)
+        st.generated += len(tokens)
+        st.steps += 1
+        if end is None and st.generated < st.max_tokens and num_tokens < self.max_model_len:
+            return True
+        st.done = True
+        self._finish(st, natural=True)
+        return False
+
+    def _finish(self, st: RequestState, natural: bool) -> None:
+        self.store.finish(st.problem, st.seq, st.generated, natural)
+        if natural:
+            self.classes.observe_final(st.init_class, st.generated, st.max_tokens)
+        self.round.n_fwd = max(self.round.n_fwd, st.steps)
+
+    def _seal(self, rid: str) -> None:
+        st = self.requests.pop(rid, None)
+        self._owner.pop(rid, None)
+        if st is not None and not st.done:
+            self._finish(st, natural=False)        # cancelled, aborted or stopped by a string
 
     def _retire(self, live_requests: dict) -> None:
-        """Seal the rollouts of requests that left the runner (finished or aborted)."""
-        gone = [rid for rid in self.requests if rid not in live_requests]
-        for rid in gone:
-            st = self.requests.pop(rid)
-            if st is None:
-                continue
-            self.store.finish(st.problem, st.seq, st.generated)
-            self.classes.observe_final(st.init_class, st.generated, st.max_tokens)
-        if gone and not any(s is not None for s in self.requests.values()):
-            self._end_round()
+        """Forget requests that left the runner, sealing those not sealed yet."""
+        for rid in [r for r in self.requests if r not in live_requests]:
+            self._seal(rid)
 
     def _account(self, reqs: int, proposed: int, accepted: int, any_live: bool) -> None:
         if any_live:
@@ -194,12 +231,18 @@ class DASProposer:
                 r.proposed += proposed
                 r.accepted += accepted
 
+    def _maybe_end_round(self) -> None:
+        if not any(s is not None and not s.done for s in self.requests.values()):
+            self._end_round()
+
     def _end_round(self) -> None:
-        if self.round.steps:
-            self.classes.observe_round(self.round.steps)
+        if self.round.n_fwd:
+            self.classes.observe_round(self.round.n_fwd)
+            self.n_fwd_log.append(self.round.n_fwd)
             self.rounds += 1
-        self.totals.steps += self.round.steps
-        self.round = Round()
+        if self.round.steps or self.round.n_fwd:
+            self.totals.steps += self.round.steps
+            self.round = Round()
 
     # ------------------------------------------------------------------ budgets
     def _budgets(self, live: list[tuple[int, RequestState]], cap: float) -> list[int]:
@@ -273,6 +316,7 @@ class DASProposer:
         """Seal rollouts that ended since the last step (the API calls it between steps)."""
         if self._runner is not None:
             self._retire(self._runner.requests)
+            self._maybe_end_round()
 
     def stats(self) -> dict:
         self.sync()
@@ -288,7 +332,7 @@ class DASProposer:
             "accepted": t.accepted,
             "acceptance_rate": t.accepted / t.proposed if t.proposed else 0.0,
             "mean_accepted_per_verification": t.accepted / verifications if verifications else 0.0,
-            "t_short": self.classes.t_short(self.max_model_len) if self.rounds else None,
+            "n_fwd_recent_rounds": list(self.n_fwd_log),   # T_short is their mean
             "per_step": [list(x) for x in self.verify_log],
         }
 
@@ -302,6 +346,17 @@ class DASProposer:
     def clear(self, problem_id: str | None = None) -> int:
         self.sync()
         return self.store.clear(problem_id)
+
+
+def _das_flags(extra_args: dict | None) -> DasFlags | None:
+    """A request's DAS flags (canonical from the front end, or raw without the plugin)."""
+    try:
+        raw = extract(extra_args)
+        if raw is None or raw.get("das") is None:
+            return None
+        return parse(normalize(raw)).das
+    except (FlagError, AttributeError, TypeError):
+        return None          # the front end rejects bad flags; never crash the worker here
 
 
 def _back_off(tree, context: list[int], budget: int, min_prob: float) -> list[int]:

@@ -10,8 +10,9 @@ tree": the paper's default window is 16).  :class:`ProblemTrees` keeps:
   rollout beyond the window leaves, oldest first;
 * a global cap on stored tokens: above it, finished rollouts leave oldest first across
   all problems (a rollout being generated never leaves);
-* per problem, the output lengths of its rollouts in the window (the history the
-  length classes of Sec. 4.2.3 start from).
+* per problem, the output lengths of its rollouts in the window that ended naturally
+  (the history the length classes of Sec. 4.2.3 start from; a cancelled or aborted
+  rollout's tokens are kept, its length is not).
 
 Each stored sequence is the last ``prompt_tail`` prompt tokens followed by the rollout,
 so the first output tokens of a new sample already have a context to match.  A tree
@@ -31,7 +32,7 @@ from vllm_rl.spec.suffix_tree import SuffixTree
 class Problem:
     tree: SuffixTree
     finished: deque = field(default_factory=deque)      # seq ids, oldest first
-    lengths: deque = field(default_factory=deque)       # output lengths, same order
+    lengths: deque = field(default_factory=deque)       # output lengths (None: cut short)
     growing: set = field(default_factory=set)
     requests: int = 0        # rollouts ever started or inserted
     drafted: int = 0         # draft tokens proposed from this tree
@@ -73,15 +74,15 @@ class ProblemTrees:
         p.tree.extend(seq, list(tokens))
         self._grow(seq, len(tokens))
 
-    def finish(self, problem_id: str, seq: int, output_len: int) -> None:
-        """The rollout ended: seal it and slide the problem's window."""
+    def finish(self, problem_id: str, seq: int, output_len: int, natural: bool = True) -> None:
+        """The rollout ended (``natural``: by itself): seal it and slide the window."""
         p = self.problems.get(problem_id)
         if p is None or seq not in p.growing:
             return
         p.growing.discard(seq)
         if seq in p.tree:
             p.tree.finish(seq)
-            self._finished(problem_id, p, seq, output_len)
+            self._finished(problem_id, p, seq, output_len if natural else None)
         else:
             self._size.pop(seq, None)
             self._drop_if_empty(problem_id, p)
@@ -95,6 +96,7 @@ class ProblemTrees:
         stored = list(prompt_tail) + list(tokens)
         if not stored:
             self._size.pop(seq, None)
+            self._drop_if_empty(problem_id, p)
             return
         p.tree.insert(seq, stored)
         self._grow(seq, len(stored))
@@ -122,7 +124,7 @@ class ProblemTrees:
 
     def lengths(self, problem_id: str) -> list[int]:
         p = self.problems.get(problem_id)
-        return list(p.lengths) if p is not None else []
+        return [n for n in p.lengths if n is not None] if p is not None else []
 
     # ----------------------------------------------------------------- reporting
     def stats(self) -> dict:
@@ -153,7 +155,7 @@ class ProblemTrees:
         self._size[seq] = (pid, size + n)
         self.stored_tokens += n
 
-    def _finished(self, problem_id: str, p: Problem, seq: int, output_len: int) -> None:
+    def _finished(self, problem_id: str, p: Problem, seq: int, output_len: int | None) -> None:
         p.finished.append(seq)
         p.lengths.append(output_len)
         self._fifo.append(seq)
