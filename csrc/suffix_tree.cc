@@ -547,7 +547,7 @@ uint32_t SuffixTree::longest_suffix(const std::vector<Token>& context, uint32_t 
 }
 
 Draft SuffixTree::draft_unlocked(const std::vector<Token>& context, int max_tokens,
-                                 double min_prob) const {
+                                 double min_prob, bool backoff) const {
   if (max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
   Draft d;
   const uint32_t b = static_cast<uint32_t>(std::min(max_tokens, max_depth_));
@@ -555,7 +555,27 @@ Draft SuffixTree::draft_unlocked(const std::vector<Token>& context, int max_toke
   // Condition on at most D - b tokens so that b tokens can follow within the depth.
   const uint32_t cap = static_cast<uint32_t>(std::max(max_depth_ - static_cast<int>(b), 1));
   Locus at;
-  const uint32_t m = longest_suffix(context, cap, &at);
+  uint32_t m = longest_suffix(context, cap, &at);
+  auto continues = [](const Locus& l) { return l.off < l.node->len || l.node->nchild > 0; };
+  if (backoff && m > 0 && !continues(at)) {
+    // Every suffix shorter than m is present; find the longest that continues.
+    const Token* back = context.data() + context.size();
+    uint32_t lo = 0, hi = m;
+    Locus best{&root_, 0};
+    while (hi - lo > 1) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      Locus got;
+      if (walk(back - mid, mid, &got) != mid) corrupted("suffix of a match not found");
+      if (continues(got)) {
+        lo = mid;
+        best = got;
+      } else {
+        hi = mid;
+      }
+    }
+    m = lo;
+    at = best;
+  }
   d.match_len = static_cast<int>(m);
   d.match_count = at.node->count;
   if (m == 0) return d;
@@ -600,10 +620,10 @@ int64_t SuffixTree::count(const std::vector<Token>& pattern) const {
 }
 
 Draft SuffixTree::draft(const std::vector<Token>& context, int max_tokens,
-                        double min_prob) const {
+                        double min_prob, bool backoff) const {
   check_min_prob(min_prob);
   std::shared_lock lock(mu_);
-  return draft_unlocked(context, max_tokens, min_prob);
+  return draft_unlocked(context, max_tokens, min_prob, backoff);
 }
 
 std::vector<Draft> SuffixTree::draft_batch(const std::vector<std::vector<Token>>& contexts,
@@ -623,7 +643,8 @@ std::vector<Draft> SuffixTree::draft_batch(const std::vector<std::vector<Token>>
 
 std::vector<Draft> draft_many(const std::vector<const SuffixTree*>& trees,
                               const std::vector<std::vector<Token>>& contexts,
-                              const std::vector<int>& max_tokens, double min_prob) {
+                              const std::vector<int>& max_tokens, double min_prob,
+                              bool backoff) {
   check_min_prob(min_prob);
   if (trees.size() != contexts.size())
     throw std::invalid_argument("one tree per context");
@@ -636,7 +657,7 @@ std::vector<Draft> draft_many(const std::vector<const SuffixTree*>& trees,
   for (size_t i = 0; i < contexts.size(); ++i) {
     std::shared_lock lock(trees[i]->mu_);
     out.push_back(trees[i]->draft_unlocked(
-        contexts[i], max_tokens[max_tokens.size() == 1 ? 0 : i], min_prob));
+        contexts[i], max_tokens[max_tokens.size() == 1 ? 0 : i], min_prob, backoff));
   }
   return out;
 }

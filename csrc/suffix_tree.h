@@ -94,7 +94,11 @@ class SuffixTree {
   // Queries (shared lock).
   std::pair<int, int64_t> match(const std::vector<Token>& context) const;
   int64_t count(const std::vector<Token>& pattern) const;  // occurrences, |pattern| <= D
-  Draft draft(const std::vector<Token>& context, int max_tokens, double min_prob) const;
+  // backoff: when the longest suffix has no continuation in the tree (e.g. its only
+  // occurrence is the growing rollout the context comes from), draft from the longest
+  // shorter suffix that has one (bisection: having a continuation is monotone in length).
+  Draft draft(const std::vector<Token>& context, int max_tokens, double min_prob,
+              bool backoff = false) const;
   // max_tokens: one budget per context, or a single budget for all.
   std::vector<Draft> draft_batch(const std::vector<std::vector<Token>>& contexts,
                                  const std::vector<int>& max_tokens, double min_prob) const;
@@ -167,7 +171,8 @@ class SuffixTree {
   // Queries.
   uint32_t walk(const Token* pat, uint32_t k, Locus* out) const;
   uint32_t longest_suffix(const std::vector<Token>& context, uint32_t cap, Locus* out) const;
-  Draft draft_unlocked(const std::vector<Token>& context, int max_tokens, double min_prob) const;
+  Draft draft_unlocked(const std::vector<Token>& context, int max_tokens, double min_prob,
+                       bool backoff = false) const;
 
   // Node storage and the canonical-capacity arrays.
   static const Token* label(const Node* v);
@@ -186,7 +191,7 @@ class SuffixTree {
 
   friend std::vector<Draft> draft_many(const std::vector<const SuffixTree*>&,
                                        const std::vector<std::vector<Token>>&,
-                                       const std::vector<int>&, double);
+                                       const std::vector<int>&, double, bool);
 
   const int max_depth_;
   Node root_;
@@ -201,6 +206,7 @@ class SuffixTree {
 // its per-problem tree (DAS Sec. 4.1.2).  Same semantics as SuffixTree::draft.
 std::vector<Draft> draft_many(const std::vector<const SuffixTree*>& trees,
                               const std::vector<std::vector<Token>>& contexts,
-                              const std::vector<int>& max_tokens, double min_prob);
+                              const std::vector<int>& max_tokens, double min_prob,
+                              bool backoff = false);
 
 }  // namespace vllm_rl

@@ -75,6 +75,9 @@ The draft continues the longest suffix of the context (at most ``max(1, max_dept
 max_tokens)`` tokens) found in the tree, following the most frequent child (ties: the
 smallest token id) while the cumulative probability, the product of
 count(child) / count(parent), stays >= ``min_prob``.  Empty when no suffix matches.
+With ``backoff=True``, when that suffix has no continuation in the tree (its only
+occurrences end there, e.g. the growing rollout the context comes from), the draft
+continues the longest shorter suffix that has one.
 )doc";
 
 }  // namespace
@@ -121,20 +124,24 @@ void bind_suffix_tree(py::module_& m) {
            "Occurrences of ``pattern`` (at most max_depth tokens) in the stored sequences.")
       .def(
           "draft",
-          [](const SuffixTree& t, const py::sequence& context, int max_tokens, double min_prob) {
+          [](const SuffixTree& t, const py::sequence& context, int max_tokens, double min_prob,
+             bool backoff) {
             std::vector<Token> ctx = tail_of(context, t.max_depth());
             py::gil_scoped_release nogil;
-            return t.draft(ctx, max_tokens, min_prob).tokens;
-          },
-          py::arg("context"), py::arg("max_tokens"), py::arg("min_prob") = 0.1, kDraftDoc)
-      .def(
-          "draft_info",
-          [](const SuffixTree& t, const py::sequence& context, int max_tokens, double min_prob) {
-            std::vector<Token> ctx = tail_of(context, t.max_depth());
-            py::gil_scoped_release nogil;
-            return t.draft(ctx, max_tokens, min_prob);
+            return t.draft(ctx, max_tokens, min_prob, backoff).tokens;
           },
           py::arg("context"), py::arg("max_tokens"), py::arg("min_prob") = 0.1,
+          py::arg("backoff") = false, kDraftDoc)
+      .def(
+          "draft_info",
+          [](const SuffixTree& t, const py::sequence& context, int max_tokens, double min_prob,
+             bool backoff) {
+            std::vector<Token> ctx = tail_of(context, t.max_depth());
+            py::gil_scoped_release nogil;
+            return t.draft(ctx, max_tokens, min_prob, backoff);
+          },
+          py::arg("context"), py::arg("max_tokens"), py::arg("min_prob") = 0.1,
+          py::arg("backoff") = false,
           "Like ``draft``, returning a ``Draft`` (tokens, probs, match_len, match_count).")
       .def(
           "draft_batch",
@@ -178,24 +185,25 @@ void bind_suffix_tree(py::module_& m) {
       });
 
   auto many = [](const std::vector<const SuffixTree*>& trees, const py::sequence& contexts,
-                 const std::vector<int>& max_tokens, double min_prob) {
+                 const std::vector<int>& max_tokens, double min_prob, bool backoff) {
     std::vector<size_t> keep;
     for (const SuffixTree* t : trees) keep.push_back(t ? t->max_depth() : 0);
     if (keep.empty()) keep.push_back(0);
     Contexts ctxs = tails_of(contexts, keep);
     py::gil_scoped_release nogil;
-    return tokens_of(draft_many(trees, ctxs, max_tokens, min_prob));
+    return tokens_of(draft_many(trees, ctxs, max_tokens, min_prob, backoff));
   };
   m.def(
       "draft_many",
       [many](const std::vector<const SuffixTree*>& trees, const py::sequence& contexts,
-             int max_tokens, double min_prob) {
-        return many(trees, contexts, {max_tokens}, min_prob);
+             int max_tokens, double min_prob, bool backoff) {
+        return many(trees, contexts, {max_tokens}, min_prob, backoff);
       },
       py::arg("trees"), py::arg("contexts"), py::arg("max_tokens"), py::arg("min_prob") = 0.1,
+      py::arg("backoff") = false,
       "Draft for contexts[i] from trees[i] (e.g. per-problem trees) under one GIL release.");
   m.def("draft_many", many, py::arg("trees"), py::arg("contexts"), py::arg("max_tokens"),
-        py::arg("min_prob") = 0.1);
+        py::arg("min_prob") = 0.1, py::arg("backoff") = false);
 }
 
 }  // namespace vllm_rl

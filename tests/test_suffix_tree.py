@@ -456,3 +456,33 @@ def test_draft_batch_releases_the_gil():
     assert t1 - t0 > 0.08, "the batch was too quick to tell"
     middle = [s for s in stamps if t0 + 0.25 * (t1 - t0) < s < t0 + 0.75 * (t1 - t0)]
     assert middle, "no Python ran in this thread while draft_batch was working"
+
+
+def _reference_backoff(tree: SuffixTree, context: list[int], b: int, min_prob: float,
+                       alphabet: int):
+    """Back-off by definition: the longest context suffix (<= max_depth - b) that occurs
+    followed by some token, found by trying every length, longest first."""
+    cap = max(tree.max_depth - b, 1)
+    for k in range(min(len(context), cap), 0, -1):
+        suffix = context[-k:]
+        if tree.count(suffix) and any(tree.count(suffix + [t]) for t in range(alphabet)):
+            return tree.draft(suffix, b, min_prob)
+    return []
+
+
+def test_backoff_drafts_from_the_longest_continued_suffix():
+    rng = random.Random(7)
+    for trial in range(60):
+        tree = SuffixTree(max_depth=rng.choice([8, 16, 32]))
+        alphabet = rng.randint(2, 6)
+        for s in range(rng.randint(1, 5)):
+            tree.insert(s, [rng.randrange(alphabet) for _ in range(rng.randint(5, 60))])
+        own = [rng.randrange(alphabet) for _ in range(rng.randint(1, 40))]
+        tree.extend(99, own)                          # the growing rollout itself
+        for b in (1, 3, 8):
+            got = tree.draft(own, b, 0.1, backoff=True)
+            assert got == _reference_backoff(tree, own, b, 0.1, alphabet), (trial, b)
+            assert draft_many([tree], [own], b, 0.1, backoff=True) == [got]
+            plain = tree.draft(own, b, 0.1)
+            if plain:                                 # a continued longest match: no change
+                assert got == plain

@@ -26,7 +26,8 @@ Per step, for each request whose flags have a ``das`` section:
    (:func:`vllm_rl.control.das.batch_cap`): drafting stops paying on a big batch.
 4. *Draft*: the most frequent continuation of the longest context suffix that the
    tree has seen continued (the rollout itself is in the tree, so its own last
-   occurrence never continues: the match backs off to the longest suffix that does).
+   occurrence never continues: the C++ draft backs off, by bisection, to the longest
+   suffix that does), for all requests in one call without the GIL.
 
 Requests without ``das`` flags get no draft and decode as on a stock engine.  A round
 (one rollout batch) ends when no DAS request is left; its N_fwd, the most forward
@@ -137,7 +138,8 @@ class DASProposer:
             drafted = sum(1 for t in spec.get(rid, ()) if t >= 0)
             if drafted:
                 acc = len(sampled) - 1
-                st.est.observe(drafted, acc, len(sampled))
+                if st.flags.policy == "optimal":       # Eq. 3's online estimate
+                    st.est.observe(drafted, acc, len(sampled))
                 p = self.store.problems.get(st.problem)
                 if p is not None:
                     p.drafted += drafted
@@ -307,9 +309,9 @@ class DASProposer:
             by_prob.setdefault(item[1].min_prob, []).append(item)
         for min_prob, items in by_prob.items():
             got = draft_many([t[2] for t in items], [t[3] for t in items],
-                             [t[4] for t in items], min_prob)
-            for (i, st, tree, ctx, b), d in zip(items, got):
-                drafts[i] = d if d else _back_off(tree, ctx, b, min_prob)
+                             [t[4] for t in items], min_prob, backoff=True)
+            for (i, *_), d in zip(items, got):
+                drafts[i] = d
 
     # ------------------------------------------------------------------ reporting
     def sync(self) -> None:
@@ -357,23 +359,3 @@ def _das_flags(extra_args: dict | None) -> DasFlags | None:
         return parse(normalize(raw)).das
     except (FlagError, AttributeError, TypeError):
         return None          # the front end rejects bad flags; never crash the worker here
-
-
-def _back_off(tree, context: list[int], budget: int, min_prob: float) -> list[int]:
-    """Draft from the longest context suffix the tree has seen *continued*.
-
-    The request's own rollout is in its problem's tree, so the longest match of its
-    context is often only itself, which has no continuation yet.  Whether a suffix of
-    length j has a continuation is monotone in j (a continued occurrence of a suffix
-    continues all its shorter suffixes), so bisection finds the longest one.
-    """
-    lo, hi = 0, len(context)          # suffix of length lo continues; hi does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if tree.draft(context[-mid:], 1, 0.0):
-            lo = mid
-        else:
-            hi = mid
-    if lo == 0:
-        return []
-    return tree.draft(context[-lo:], budget, min_prob)

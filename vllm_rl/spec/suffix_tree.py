@@ -52,8 +52,9 @@ class SuffixTree(_C.SuffixTree):
     * ``match(context) -> (match_len, count)``: longest context suffix in the tree and
       its number of occurrences.
     * ``count(pattern) -> int``: occurrences of a pattern of at most ``max_depth`` tokens.
-    * ``draft(context, max_tokens, min_prob=0.1) -> list[int]``; ``draft_info`` returns a
-      :class:`Draft` with per-token cumulative probabilities and the match.
+    * ``draft(context, max_tokens, min_prob=0.1, backoff=False) -> list[int]``;
+      ``draft_info`` returns a :class:`Draft` with per-token cumulative probabilities and
+      the match.
     * ``draft_batch(contexts, max_tokens, min_prob=0.1) -> list[list[int]]`` with one
       budget or one per context (DAS Sec. 4.2 assigns budgets per request).
     * ``num_nodes()``, ``num_tokens()``, ``num_sequences()``, ``sequences()``,
@@ -64,13 +65,14 @@ class SuffixTree(_C.SuffixTree):
     """
 
 
-def draft_many(trees, contexts, max_tokens, min_prob: float = 0.1) -> list[list[int]]:
+def draft_many(trees, contexts, max_tokens, min_prob: float = 0.1,
+               backoff: bool = False) -> list[list[int]]:
     """Draft ``contexts[i]`` from ``trees[i]`` for all i under one GIL release.
 
     DAS keeps one tree per problem (Sec. 4.1.2), so a decode step drafts for requests of
     many problems at once.  ``max_tokens`` is one budget or one per context.
     """
-    return _C.draft_many(trees, contexts, max_tokens, min_prob)
+    return _C.draft_many(trees, contexts, max_tokens, min_prob, backoff)
 
 
 __all__ = ["SuffixTree", "Draft", "UnknownSequenceError", "draft_many"]
