@@ -8,12 +8,31 @@ The top-level ``patches/`` folder is importable as ``vllm_rl.patches``.
 from __future__ import annotations
 
 import importlib
+import inspect
+from typing import Any, Callable
 
 MODULES = ("input_validation", "proposer_context", "cpu_spec_expand")
 
 
 class PatchMismatch(RuntimeError):
     """The installed vLLM does not match what a patch was written against."""
+
+
+def checked_target(owner: Any, attr: str, target: str, checked: tuple[str, ...],
+                   expected_params: tuple[str, ...]) -> tuple[Callable, str]:
+    """vLLM's own ``owner.attr`` (unwrapped if patched) and a "where" text for errors,
+    after checking that it exists and that its leading parameters are ``expected_params``."""
+    import vllm
+
+    where = f"in vLLM {vllm.__version__} (patch checked on {', '.join(checked)})"
+    fn = getattr(owner, attr, None)
+    fn = getattr(fn, "__wrapped__", fn)
+    if fn is None:
+        raise PatchMismatch(f"{target} is gone {where}")
+    names = tuple(inspect.signature(fn).parameters)[:len(expected_params)]
+    if names != expected_params:
+        raise PatchMismatch(f"{target} takes {names}, not {expected_params}, {where}")
+    return fn, where
 
 
 def all_patches():

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import PatchMismatch
+from . import PatchMismatch, checked_target
 
 TARGET = "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens"
 CHECKED = ("0.32.0",)
@@ -39,16 +39,8 @@ def needed() -> bool:
 
 def check() -> None:
     """Fail loudly if vLLM no longer has the shape this patch relies on."""
-    import vllm
-
-    where = f"in vLLM {vllm.__version__} (patch checked on {', '.join(CHECKED)})"
-    fn = getattr(_module(), "expand_batch_to_tokens", None)
-    fn = getattr(fn, "__wrapped__", fn)
-    if fn is None:
-        raise PatchMismatch(f"{TARGET} is gone {where}")
-    names = tuple(inspect.signature(fn).parameters)
-    if names != _EXPECTED_PARAMS:
-        raise PatchMismatch(f"{TARGET} takes {names}, not {_EXPECTED_PARAMS}, {where}")
+    _, where = checked_target(_module(), "expand_batch_to_tokens", TARGET, CHECKED,
+                              _EXPECTED_PARAMS)
     if "expand_batch_to_tokens(" not in inspect.getsource(_module().apply_sampling_constraints):
         raise PatchMismatch(f"the rejection sampler no longer expands sampling params "
                             f"with {TARGET} {where}")

@@ -18,7 +18,7 @@ import functools
 import inspect
 import uuid
 
-from . import PatchMismatch
+from . import PatchMismatch, checked_target
 
 TARGET = "vllm.v1.engine.input_processor.InputProcessor.process_inputs"
 CHECKED = ("0.32.0",)
@@ -33,17 +33,9 @@ def _target():
 
 def check() -> None:
     """Fail loudly if vLLM no longer has the shape this patch relies on."""
-    import vllm
     from vllm.v1.engine import async_llm, llm_engine
 
-    where = f"in vLLM {vllm.__version__} (patch checked on {', '.join(CHECKED)})"
-    fn = getattr(_target(), "process_inputs", None)
-    fn = getattr(fn, "__wrapped__", fn)
-    if fn is None:
-        raise PatchMismatch(f"{TARGET} is gone {where}")
-    names = tuple(inspect.signature(fn).parameters)[:4]
-    if names != _EXPECTED_PARAMS:
-        raise PatchMismatch(f"{TARGET} takes {names}, not {_EXPECTED_PARAMS}, {where}")
+    fn, where = checked_target(_target(), "process_inputs", TARGET, CHECKED, _EXPECTED_PARAMS)
     if "params.clone()" not in inspect.getsource(fn):
         raise PatchMismatch(f"{TARGET} no longer gives the request its own params {where}")
     for mod in (llm_engine, async_llm):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import PatchMismatch
+from . import PatchMismatch, checked_target
 
 TARGET = "vllm.v1.worker.gpu_model_runner.GPUModelRunner.propose_draft_token_ids"
 CHECKED = ("0.32.0",)
@@ -30,16 +30,8 @@ def _target():
 
 def check() -> None:
     """Fail loudly if vLLM no longer has the shape this patch relies on."""
-    import vllm
-
-    where = f"in vLLM {vllm.__version__} (patch checked on {', '.join(CHECKED)})"
-    fn = getattr(_target(), "propose_draft_token_ids", None)
-    fn = getattr(fn, "__wrapped__", fn)
-    if fn is None:
-        raise PatchMismatch(f"{TARGET} is gone {where}")
-    names = tuple(inspect.signature(fn).parameters)[:3]
-    if names != _EXPECTED_PARAMS:
-        raise PatchMismatch(f"{TARGET} takes {names}, not {_EXPECTED_PARAMS}, {where}")
+    fn, where = checked_target(_target(), "propose_draft_token_ids", TARGET, CHECKED,
+                               _EXPECTED_PARAMS)
     src = inspect.getsource(fn)
     if 'method == "custom_class"' not in src or "self.drafter).propose(" not in src:
         raise PatchMismatch(f"{TARGET} no longer calls a custom_class drafter's "
