@@ -59,11 +59,11 @@ setup(
     python_requires=">=3.10",
     packages=packages,
     package_dir=package_dir,
-    package_data={"vllm_rl.task": ["model/*"]},
+    package_data={"vllm_rl.task": ["model/*"], "vllm_rl.cost": ["data/*.json"]},
     include_package_data=True,
     ext_modules=ext_modules(),
     cmdclass={"build_ext": CMakeBuild},
-    install_requires=["numpy", "tqdm", "google-re2"],
+    install_requires=["numpy", "tqdm", "google-re2", "matplotlib"],
     extras_require={"test": ["pytest>=8", "hypothesis>=6"]},
     entry_points={
         "vllm.general_plugins": ["vllm_rl = vllm_rl.plugin:register"],

@@ -46,3 +46,30 @@ def prompts():
     from vllm_rl.task import heldout_prompts
 
     return heldout_prompts(64)
+
+
+def shortest_violations(infos, m: int) -> list[str]:
+    """Why a DARTS early-stop group's training group is not its M shortest (empty: it is).
+
+    Exact rule: the ``m`` selected samples are valid; every other sample (cancelled,
+    valid but unselected, aborted, cut at the limit) is at least as long as the longest
+    selected one, and a valid unselected one of equal length finished later (rank).
+    """
+    from vllm_rl import Reason
+
+    sel = [i for i in infos if i.selected]
+    if not any(i.reason is Reason.DARTS_CANCELLED for i in infos):
+        return []                       # the group ran to its end: nothing was cut
+    bad = []
+    if len(sel) != m or not all(i.valid and i.selection == "shortest" for i in sel):
+        bad.append(f"selected {[(i.reason.value, i.length) for i in sel]}, want {m} valid")
+    longest = max((i.length, i.finish_rank) for i in sel) if sel else (0, 0)
+    for i in infos:
+        if i.selected:
+            continue
+        if i.length < longest[0]:
+            bad.append(f"{i.reason.value} sample of {i.length} tokens is shorter than a "
+                       f"selected one of {longest[0]}")
+        elif i.valid and (i.length, i.finish_rank) < longest:
+            bad.append(f"valid sample {(i.length, i.finish_rank)} beats selected {longest}")
+    return bad

@@ -1,7 +1,9 @@
-"""DARTS in the real engine: early stop, dual-end marks, groups sent as separate requests."""
+"""DARTS in the real engine: exact early stop, dual-end marks, groups sent as separate
+requests, staggered admission."""
 import math
 
 import pytest
+from conftest import shortest_violations
 from vllm import SamplingParams
 
 from vllm_rl import Reason, rl_params
@@ -27,15 +29,18 @@ def test_early_stop_returns_exactly_m_finished(early_stop_outputs):
         valid = [i for i in infos if i.valid]
         cancelled = [i for i in infos if i.reason is Reason.DARTS_CANCELLED]
         assert len({i.group_id for i in infos}) == 1
+        selected = [i for i in infos if i.selected]
         if cancelled:
             stopped += 1
-            assert len(valid) == M
+            assert len(selected) == M and len(valid) >= M
             assert len(valid) + len(cancelled) + sum(i.reason is Reason.LENGTH for i in infos) == M_PRIME
             assert all(i.weight == 0.0 and not i.selected for i in cancelled)
             assert sorted(i.finish_rank for i in valid) == sorted(set(i.finish_rank for i in valid))
-            assert all(i.selected and i.selection == "shortest" and i.weight == 1.0 for i in valid)
-        else:  # fewer than M valid: nothing to stop, every sample ran to its end
-            assert len(valid) < M or len(valid) == M_PRIME
+            assert all(i.valid and i.selection == "shortest" and i.weight == 1.0 for i in selected)
+            assert all(i.weight == 0.0 for i in valid if not i.selected)
+            assert shortest_violations(infos, M) == []
+        else:  # the M shortest were only known once every sample had ended
+            assert len(selected) == min(M, M_PRIME)
     assert stopped >= len(early_stop_outputs) // 2
 
 
@@ -53,8 +58,8 @@ def test_cancelled_samples_keep_partial_tokens_and_real_logprobs(early_stop_outp
                 seen += 1
                 assert c.finish_reason == "abort"
                 assert len(c.token_ids) > 0 and c.text
-                # Cancelled when the M-th shortest finished: they ran at least as long.
-                assert len(c.token_ids) >= valid_lengths[M - 1] - 1
+                # Cancelled once the M shortest were known: at least as long as them.
+                assert len(c.token_ids) >= valid_lengths[M - 1]
     assert seen > 0
 
 
@@ -89,12 +94,10 @@ def test_separate_requests_form_the_same_group(rl_llm, prompts):
     for group, gid in ((one, one[0].rollout_info.group_id), (many, "sep-3")):
         infos = [c.rollout_info for c in group]
         assert {i.group_id for i in infos} == {gid}
-        assert sum(i.valid for i in infos) == M and sum(bool(i.selected) for i in infos) == M
+        assert sum(bool(i.selected) for i in infos) == M
         cancelled = [i for i in infos if i.reason is Reason.DARTS_CANCELLED]
-        assert len(cancelled) == M_PRIME - M and all(i.weight == 0 for i in cancelled)
-        assert sorted(i.finish_rank for i in infos if i.valid) == list(range(1, M + 1))
-        longest_valid = max(i.length for i in infos if i.valid)
-        assert all(i.length >= longest_valid - 2 for i in cancelled)
+        assert cancelled and all(i.weight == 0 for i in cancelled)
+        assert shortest_violations(infos, M) == []
 
 
 def test_dual_end_marks_k_shortest_and_l_longest(rl_llm, prompts):
@@ -120,3 +123,54 @@ def test_requests_without_flags_carry_no_record(rl_llm, prompts):
     for c in out.outputs:
         assert c.stop_reason is None or not str(c.stop_reason).startswith("vllm_rl:")
         assert c.rollout_info.group_id is None and c.rollout_info.weight == 1.0
+
+
+def _single(gid, seed, m=M, m_prime=M_PRIME):
+    return SamplingParams(n=1, temperature=1.0, max_tokens=256, seed=seed, extra_args=rl_params(
+        group={"id": gid, "size": m, "redundant": m_prime}, darts={"mode": "shortest"}))
+
+
+def test_staggered_admission_keeps_the_m_shortest(rl_llm, prompts):
+    """Half of each group enters the engine 40 steps after the other half.
+
+    Stopping at the M-th finish would keep the early half's M shortest and cancel the
+    late half with fewer tokens than a selected sample (it fails here on every group
+    whose early half has M valid samples within 40 + their length).  The exact rule waits
+    until every late sibling has at least as many tokens as the M-th shortest.
+    """
+    from vllm_rl.llm import attach_rollout_info
+
+    engine = rl_llm.llm_engine
+    groups = {f"stagger-{j}": prompts[24 + j] for j in range(6)}
+    params, outputs = {}, {}
+
+    def add(half):
+        for gid, prompt in groups.items():
+            for i in range(half * M_PRIME // 2, (half + 1) * M_PRIME // 2):
+                rid = f"{gid}/{i}"
+                params[rid] = _single(gid, seed=100 + i)
+                engine.add_request(rid, prompt, params[rid])
+
+    def step():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out
+
+    add(0)
+    for _ in range(40):
+        step()
+    add(1)
+    while engine.has_unfinished_requests():
+        step()
+    rids = sorted(outputs)
+    outs = [outputs[r] for r in rids]
+    attach_rollout_info(outs, [params[r] for r in rids])
+    stopped = 0
+    for gid in groups:
+        infos = [o.outputs[0].rollout_info for r, o in zip(rids, outs) if r.startswith(gid + "/")]
+        assert len(infos) == M_PRIME and sum(bool(i.selected) for i in infos) == M
+        assert shortest_violations(infos, M) == [], (gid, infos)
+        stopped += any(i.reason is Reason.DARTS_CANCELLED for i in infos)
+        late = [i for i in infos[M_PRIME // 2:]]
+        assert all(i.length > 0 for i in late)
+    assert stopped >= 3

@@ -22,6 +22,8 @@ CPU_KV_CACHE_BYTES = 1 << 30   # vLLM's CPU default reserves most of a NUMA node
 
 
 DAS_WORKER_EXTENSION = "vllm_rl.spec.worker.DASWorkerExtension"
+TRACE_KEY = "vllm_rl_trace"    # additional_config: record each engine step (engine/trace.py)
+COST_KEY = "vllm_rl_cost"      # additional_config: the StepCost spec (vllm_rl.cost.load_cost)
 
 
 def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -29,6 +31,17 @@ def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
 
     from vllm_rl.task import MODEL_PATH
 
+    extra = {}
+    if kwargs.pop("trace", False):          # record every engine step (engine.trace)
+        extra[TRACE_KEY] = True
+    cost = kwargs.pop("cost", None)         # the step-cost model the engine plans with
+    if cost is not None:
+        from vllm_rl.cost import load_cost
+
+        load_cost(cost)                     # a bad spec fails here, not in the worker
+        extra[COST_KEY] = cost
+    if extra:
+        kwargs["additional_config"] = {**(kwargs.get("additional_config") or {}), **extra}
     das = kwargs.pop("das", None)
     if das:
         from vllm_rl.spec.config import DASConfig
@@ -50,6 +63,11 @@ def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 class LLM(vllm.LLM):
     """``vllm.LLM`` on the RL engine.  Same signature; ``model`` defaults to the embedded one.
+
+    Extra keywords: ``das=`` (the DAS drafter, see :class:`~vllm_rl.spec.config.DASConfig`),
+    ``cost=`` (the step-cost model the engine plans with: ``"online"``, the default, or a
+    table such as ``"h100:qwen3-8b"``; see :func:`vllm_rl.cost.load_cost`) and
+    ``trace=True`` (record every engine step, :mod:`vllm_rl.engine.trace`).
 
     :meth:`generate` returns vLLM's ``RequestOutput`` objects whose completions carry a
     ``rollout_info`` (:class:`~vllm_rl.outcome.RolloutInfo`), with each group's

@@ -123,9 +123,11 @@ def annotate_group(infos: list[RolloutInfo], size: int, k: int,
                    early_stop: bool) -> list[RolloutInfo]:
     """Mark the training group of one prompt's samples (DARTS Alg. 2).
 
-    Early stop: the engine already cut the group at its M shortest valid samples; they
-    are ``selected`` as ``"shortest"`` (samples cut at the length limit fill a group
-    with fewer than M valid; cancelled and DUET-aborted ones never).  Dual-end: the ``k`` shortest valid samples and
+    Early stop: the engine stopped the group once its M shortest valid samples were
+    known (ties: the earlier finisher); they are ``selected`` as ``"shortest"``.  A
+    valid sample that finished but is longer than those stays unselected (weight 0);
+    samples cut at the length limit fill a group with fewer than M valid; cancelled and
+    DUET-aborted ones never do.  Dual-end: the ``k`` shortest valid samples and
     the ``size - k`` longest valid ones (never one cut at the length limit,
     Sec. 4.1.2) are selected.  Unselected samples get weight 0.
     """
@@ -135,7 +137,8 @@ def annotate_group(infos: list[RolloutInfo], size: int, k: int,
     valid = [i.valid for i in infos]
     if early_stop:
         excluded = [i.reason in (Reason.DARTS_CANCELLED, Reason.DUET_ABORTED) for i in infos]
-        marks = shortest_selection(lengths, valid, size, excluded)
+        marks = shortest_selection(lengths, valid, size, excluded,
+                                   [i.finish_rank for i in infos])
     else:
         marks = dual_end_selection(lengths, valid, size, k)
     out = []

@@ -40,7 +40,7 @@ import math
 import numbers
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +51,8 @@ from vllm_rl.control.checks import check_same_length as _check_same_length
 __all__ = [
     "CLASSES", "LONG", "MEDIUM", "SHORT",
     "AcceptanceEstimate", "LengthClasses",
-    "accepted_tokens", "batch_cap", "break_even_batch", "chain_acceptance",
+    "accepted_tokens", "batch_cap", "break_even_batch", "chain_acceptance", "chain_accepted",
+    "cost_cap",
     "estimate_k_alpha", "fit_alpha", "latency", "optimal_budget", "optimal_budgets",
     "remaining_passes", "step_budget",
 ]
@@ -576,6 +577,42 @@ def batch_cap(batch_size: int, full_at: float, off_at: float) -> float:
     if batch_size >= off_at:
         return 0.0
     return (off_at - batch_size) / (off_at - full_at)
+
+
+def chain_accepted(q: float, k: int) -> float:
+    """S(q, k) = q + q² + … + q^k: the accepted tokens of a k-token draft whose tokens are
+    each accepted with probability q until the first rejection."""
+    q = _check_unit("q", q)
+    k = _check_int("k", k, 0)
+    if q >= 1.0:
+        return float(k)
+    return q * (1.0 - q ** k) / (1.0 - q)
+
+
+def cost_cap(step_ms: Callable[[int], float], batch: int, drafting: int, q: float,
+             k_max: int) -> int:
+    """The draft length per request that makes a step cheapest per generated token.
+
+    A step of ``batch`` sequences, ``drafting`` of which verify ``k`` draft tokens, costs
+    ``step_ms(k)`` (the engine's step-cost model: Eq. 1's c_base + c_tok n_toks measured
+    or tabulated at this batch and context) and yields ``batch + drafting · S(q, k)``
+    tokens (:func:`chain_accepted`).  Returns the k in [0, k_max] minimising the cost per
+    token (ties: the smaller k).  On a GPU a decode step is memory-bound: widening a
+    small batch is nearly free and k = k_max; on a large batch verification costs more
+    than its accepted tokens save and k = 0.  This is the batch cap of Sec. 4.2.1
+    derived from the cost model instead of fixed thresholds (:func:`batch_cap`).
+    """
+    batch = _check_int("batch", batch, 0)
+    drafting = _check_int("drafting", drafting, 0)
+    k_max = _check_int("k_max", k_max, 0)
+    if batch == 0 or drafting == 0 or k_max == 0:
+        return 0
+    best_k, best = 0, step_ms(0) / batch
+    for k in range(1, k_max + 1):
+        per_token = step_ms(k) / (batch + drafting * chain_accepted(q, k))
+        if per_token < best * (1.0 - 1e-9):
+            best_k, best = k, per_token
+    return best_k
 
 
 def break_even_batch(c_base: float, c_tok: float, accepted: float, proposed: float) -> float:

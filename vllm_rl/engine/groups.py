@@ -37,8 +37,10 @@ class GroupState:
     arrived: int = 0
     left: int = 0
     ended: int = 0            # ended by the model (any reason but cancellation)
-    valid: int = 0            # of which complete answers (EOS / stop)
+    valid: int = 0            # of which complete answers (EOS / stop / DUET trim)
+    finished: list[tuple[int, int]] = field(default_factory=list)  # valid: (length, rank)
     stopped: bool = False     # early stop fired: every live member is to be cancelled
+    full_at_step: int | None = None   # engine step at which the M-th valid sample ended
 
     @property
     def complete(self) -> bool:
@@ -60,13 +62,16 @@ class GroupRegistry:
         member.group = state
         return state
 
-    def record_end(self, member: Member, valid: bool) -> None:
-        """A member ended by the model; ranks follow the order of ending."""
+    def record_end(self, member: Member, valid: bool, length: int) -> None:
+        """A member ended by the model; ranks follow the order of ending (the engine's
+        processing order within a step), and break ties between equal lengths."""
         state = member.group
         assert state is not None
         state.ended += 1
-        state.valid += int(valid)
         member.finish_rank = state.ended
+        if valid:
+            state.valid += 1
+            state.finished.append((length, member.finish_rank))
 
     def leave(self, member: Member) -> None:
         """The member's request is gone (finished, cancelled or aborted by the client)."""

@@ -10,9 +10,11 @@ admission, and per step:
 
 * its new tokens pass through the enabled per-sample policy (DUET), which may end it
   (answer complete: trimmed; no marker past ``K2 + G``: aborted unless its coin keeps it);
-* when it ends, its group may decide to stop (DARTS early stop), and the scheduler then
-  finishes every other live member at the end of the same step, freeing their KV
-  blocks and returning their partial output with a reason.
+* after the step, a group whose M shortest valid samples are known (DARTS early stop,
+  exact: every sibling still generating has at least as many tokens as the M-th
+  shortest finished one) is stopped, and the scheduler finishes every other live member
+  at the end of the same step, freeing their KV blocks and returning their partial
+  output with a reason.
 
 Every early end keeps the tokens (and logprobs) the model really produced and writes a
 :class:`~vllm_rl.outcome.RolloutInfo` record into the request's ``stop_reason``.  With
@@ -30,6 +32,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
 from vllm_rl.engine.policies import darts, duet, markers
+from vllm_rl.engine.trace import TraceMixin
 from vllm_rl.flags import FlagError, extract, normalize, parse
 from vllm_rl.outcome import Reason, RolloutInfo
 
@@ -40,7 +43,7 @@ logger = init_logger(__name__)
 EARLY_END_STATUS = RequestStatus.FINISHED_ABORTED
 
 
-class RLSchedulerMixin:
+class RLSchedulerMixin(TraceMixin):
     """The RL logic, over either of vLLM's schedulers (every override calls vLLM's own)."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -48,6 +51,12 @@ class RLSchedulerMixin:
         self.rl_groups = GroupRegistry()
         self.rl_members: dict[str, Member] = {}
         self._stopped_groups: list[GroupState] = []
+        self._watched: dict[str, GroupState] = {}   # M valid ended, shortest not yet known
+        self.rl_step = 0
+        # Early-stop groups whose M shortest became known (stopped, or every member had
+        # ended by then), and the steps they ran past their M-th valid end: the price
+        # of exact shortest-M over stopping at the M-th finish.
+        self.rl_stats = {"groups_stopped": 0, "groups_resolved": 0, "stop_wait_steps": 0}
         self.duet_thresholds: dict[str, duet.OnlineThresholds] = {}
         self._duet_live: dict[str, int] = {}
         self._tokenizer = None
@@ -132,10 +141,34 @@ class RLSchedulerMixin:
     def update_from_output(self, scheduler_output, model_runner_output):
         if scheduler_output.scheduled_spec_decode_tokens and self.rl_members:
             self._count_drafts(scheduler_output, model_runner_output)
+        self.rl_step += 1
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self._watched:
+            self._check_watched()
         if self._stopped_groups:
             self._cancel_stopped_groups(outputs)
         return outputs
+
+    def _check_watched(self) -> None:
+        """Stop each watched group whose M shortest valid samples are now known."""
+        for gid, group in list(self._watched.items()):
+            if group.stopped:
+                del self._watched[gid]
+                continue
+            live = []
+            for m in group.live.values():
+                if m.finish_rank is None:
+                    req = self.requests.get(m.request_id)
+                    live.append(req.num_output_tokens if req is not None else 0)
+            missing = max(0, group.flags.redundant - group.arrived)
+            if darts.selection_final(group.finished, group.flags.size, live, missing):
+                del self._watched[gid]
+                group.stopped = True
+                self.rl_stats["groups_resolved"] += 1
+                self.rl_stats["stop_wait_steps"] += self.rl_step - group.full_at_step
+                if live:
+                    self.rl_stats["groups_stopped"] += 1
+                    self._stopped_groups.append(group)
 
     def _count_drafts(self, scheduler_output, model_runner_output) -> None:
         """Per sample: draft tokens verified this step, and how many were accepted (of
@@ -171,12 +204,12 @@ class RLSchedulerMixin:
         and write its record."""
         group, state = member.group, member.duet
         if group is not None:
-            self.rl_groups.record_end(member, reason.valid)
+            self.rl_groups.record_end(member, reason.valid, request.num_output_tokens)
             rl = member.flags
-            if rl.darts is not None and not group.stopped and darts.should_stop(
-                    rl.darts, rl.group, group.valid):
-                group.stopped = True
-                self._stopped_groups.append(group)
+            if (not group.stopped and group.full_at_step is None
+                    and darts.watches(rl.darts, rl.group, group.valid)):
+                group.full_at_step = self.rl_step
+                self._watched[group.flags.id] = group
         weight = 1.0
         if state is not None:
             weight = 0.0 if reason is Reason.DUET_ABORTED else state.weight

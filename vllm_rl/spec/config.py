@@ -40,6 +40,10 @@ class DASConfig:
     drafting gained 3.8x tokens/s at B = 1, 1.24x at 64, 1.11x at 256 and 1.17x at 512,
     so the defaults never cut budgets below 256 running requests; lower them where
     verification costs more (a GPU at large batch), after measuring there.
+    ``batch_cap="cost"`` replaces that linear cap with one derived from the engine's
+    step-cost model (``vllm_rl.LLM(cost=...)``, :mod:`vllm_rl.cost`): each step drafts the
+    length that makes the step cheapest per generated token at its batch size and
+    context (:func:`vllm_rl.control.das.cost_cap`).
     ``c_base_ms``/``c_tok_ms`` are Eq. 1's per-pass and per-token costs used by the
     ``optimal`` policy (Eq. 6-7); the defaults are the PTL fit of this CPU engine
     (``benchmarks/ptl.py``: 2.4-2.8 ms at batch 1-4, about 0.13 ms per added sequence).  ``round_horizon`` rounds in T_short's moving average,
@@ -54,6 +58,7 @@ class DASConfig:
     prompt_tail: int = 16
     full_batch: int = 256
     off_batch: int = 1024
+    batch_cap: str = "linear"
     c_base_ms: float = 2.5
     c_tok_ms: float = 0.13
     round_horizon: int = 16
@@ -74,6 +79,8 @@ class DASConfig:
         if self.prompt_tail < 0 or min(self.round_horizon, self.history, self.stats_rounds) < 1:
             raise ValueError("DASConfig: prompt_tail >= 0; round_horizon, history, "
                              "stats_rounds >= 1")
+        if self.batch_cap not in ("linear", "cost"):
+            raise ValueError(f"DASConfig.batch_cap={self.batch_cap!r}: allowed 'linear', 'cost'")
         if self.c_base_ms < 0 or self.c_tok_ms <= 0:
             raise ValueError("DASConfig: c_base_ms >= 0 and c_tok_ms > 0 (Eq. 1)")
 

@@ -36,6 +36,8 @@ passes any of its requests took (Eq. 4: the passes the batch needs), feeds T_sho
 """
 from __future__ import annotations
 
+import time
+
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +110,12 @@ class DASProposer:
         self.n_fwd_log: deque = deque(maxlen=cfg.round_horizon)
         self._runner = None
         self._sched = None
+        from vllm_rl.cost import OnlineCost, load_cost
+
+        extra = getattr(vllm_config, "additional_config", None) or {}
+        self.cost = load_cost(extra.get("vllm_rl_cost"))   # the engine's step-cost model
+        self._online = isinstance(self.cost, OnlineCost)
+        self._t_step: float | None = None
 
     # ------------------------------------------------------------------ vLLM hooks
     def load_model(self, *args, **kwargs) -> None:
@@ -151,12 +159,43 @@ class DASProposer:
         self._maybe_end_round()
         if not live:
             return drafts
-        cap = policy.batch_cap(len(req_ids), self.cfg.full_batch, self.cfg.off_batch)
-        if cap <= 0.0:
+        if self._online:
+            self._observe_step(sched, req_ids, num_tokens_no_spec)
+        if self.cfg.batch_cap == "cost":
+            cap, k_cap = 1.0, self._cost_cap(len(req_ids), len(live), num_tokens_no_spec)
+        else:
+            cap = policy.batch_cap(len(req_ids), self.cfg.full_batch, self.cfg.off_batch)
+            k_cap = self.k_max
+        if cap <= 0.0 or k_cap <= 0:
             return drafts
-        budgets = self._budgets(live, cap)
+        budgets = [min(b, k_cap) for b in self._budgets(live, cap)]
         self._draft(live, budgets, num_tokens_no_spec, token_ids_cpu, drafts)
         return drafts
+
+    # ------------------------------------------------------------------ step cost
+    def _observe_step(self, sched, req_ids, num_tokens_no_spec) -> None:
+        """Feed the online cost model the step that just ran (time since the last one)."""
+        now = time.perf_counter()
+        last, self._t_step = self._t_step, now
+        sched_tokens = getattr(sched, "num_scheduled_tokens", None) or {}
+        if last is None or not sched_tokens or now - last > 1.0:   # idle gap: no sample
+            return
+        widths = [int(sched_tokens.get(r, 0)) for r in req_ids]
+        contexts = [max(0, int(num_tokens_no_spec[i]) - w) for i, w in enumerate(widths)]
+        self.cost.observe(widths, contexts, (now - last) * 1e3)
+
+    def _cost_cap(self, batch: int, drafting: int, num_tokens_no_spec) -> int:
+        """Sec. 4.2.1's batch cap from the step-cost model: the draft length that makes
+        this step cheapest per generated token (:func:`policy.cost_cap`)."""
+        context = float(sum(int(x) for x in num_tokens_no_spec[:batch])) / max(batch, 1)
+        recent = list(self.verify_log)[-64:]
+        prop = sum(x[1] for x in recent)
+        acc = sum(x[2] for x in recent)
+        q = policy.chain_acceptance(prop, acc, acc + sum(x[0] for x in recent))
+        q = 0.5 if q is None else min(max(q, 0.05), 0.95)
+        width = lambda k: 1.0 + k * drafting / batch   # noqa: E731
+        return policy.cost_cap(lambda k: self.cost.uniform_ms(batch, width(k), context),
+                               batch, drafting, q, self.k_max)
 
     # ------------------------------------------------------------------ requests
     def _state(self, rid: str, runner: Any, batch: Any, i: int) -> RequestState | None:

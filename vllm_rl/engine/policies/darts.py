@@ -1,34 +1,68 @@
 """DARTS in the engine: proactive early stop and dual-end selection (Alg. 2).
 
-The scheduler asks :func:`should_stop` each time a group member ends naturally; once
-it says so, the scheduler cancels every other member and frees their KV blocks
-(Alg. 2, line 12: ``Rollout(q_i, size=M'_i, early_stop=M)``).  The selection functions
-are pure and shared by the engine tests and the client-side annotation.
+Early stop (Alg. 2, line 12: ``Rollout(q_i, size=M'_i, early_stop=M)``) keeps the M
+shortest valid samples of the whole group.  The M-th sample to *finish* is not
+necessarily among the M *shortest*: siblings admitted in later steps (a group larger
+than the running limit, chunked prefill, preemption, single requests) or advancing
+several tokens per step (speculative decoding) finish in another order than their
+lengths.  :func:`selection_final` is the exact rule: a finished sample of length ℓ is
+known to be among the M shortest only once every sibling still generating has at
+least ℓ tokens (it can then only end longer).  The scheduler checks it after every
+step and only then cancels the others and frees their KV blocks.
+
+Ties between equal lengths go to the sample that finished first (the group's
+``finish_rank``: an earlier step, then the engine's processing order within the
+step); a sibling still generating when the rule fires always ends longer.  The
+selection functions are pure and shared by the engine and the client-side
+annotation (:func:`vllm_rl.outcome.annotate_group`), which applies the same key.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Sequence
 
 from vllm_rl.flags import DartsFlags, GroupFlags
 
 
-def should_stop(darts: DartsFlags, group: GroupFlags, num_valid_finished: int) -> bool:
-    """Early stop (Sec. 4.3.1): the M shortest valid samples have finished."""
-    return darts.early_stop(group) and num_valid_finished >= group.size
+def watches(darts: DartsFlags | None, group: GroupFlags | None, num_valid_finished: int) -> bool:
+    """The group can stop early and has at least M valid samples finished."""
+    return (darts is not None and group is not None and darts.early_stop(group)
+            and num_valid_finished >= group.size)
+
+
+def selection_final(finished: Sequence[tuple[int, int]], m: int,
+                    live_lengths: Iterable[int], missing: int = 0) -> bool:
+    """The M shortest valid samples of the group are known (exact early stop).
+
+    ``finished``: ``(length, finish_rank)`` of the valid samples that ended;
+    ``live_lengths``: tokens generated so far by each sibling still generating (0 for
+    one still waiting for its prefill); ``missing``: siblings not yet arrived.  With
+    ℓ_M the M-th smallest finished length, every live sibling ends with more than its
+    current count, so once each has at least ℓ_M tokens none can end shorter than, or
+    tie with, a selected sample.
+    """
+    if len(finished) < m or missing > 0:
+        return False
+    l_m = sorted(finished)[m - 1][0]
+    return all(c >= l_m for c in live_lengths)
 
 
 def shortest_selection(lengths: Sequence[int], valid: Sequence[bool], m: int,
-                       excluded: Sequence[bool] | None = None) -> list[str | None]:
+                       excluded: Sequence[bool] | None = None,
+                       ranks: Sequence[int | None] | None = None) -> list[str | None]:
     """Shortest-only sampling: the ``m`` shortest valid samples form the group.
 
-    If fewer than ``m`` are valid, the shortest invalid samples (cut at the length
-    limit) fill the group, never an ``excluded`` one (cancelled, or aborted by DUET),
-    so the trainer gets ``m`` whenever it can.  Returns ``"shortest"`` for the selected
-    and ``None`` for the others.
+    Valid samples are ordered by ``(length, ranks[i])`` — the engine's tie rule, the
+    earlier finisher first — or by index when no ranks are given.  If fewer than ``m``
+    are valid, the shortest invalid samples (cut at the length limit) fill the group,
+    never an ``excluded`` one (cancelled, or aborted by DUET), so the trainer gets
+    ``m`` whenever it can.  Returns ``"shortest"`` for the selected and ``None`` for
+    the others.
     """
     n = len(lengths)
     excluded = excluded or [False] * n
-    order = sorted(range(n), key=lambda i: (not valid[i], lengths[i], i))
+    tie = [r if r is not None else n + i for i, r in enumerate(ranks)] if ranks else list(range(n))
+    order = sorted(range(n), key=lambda i: (not valid[i], lengths[i], tie[i], i))
     marks: list[str | None] = [None] * n
     taken = 0
     for i in order:
