@@ -87,7 +87,7 @@ def make_engines(names: set[str], model: str, seed: int, table: str, das_budget:
     if names & {"darts-16", "darts-adaptive", "duet"}:
         out["rl"] = LLM(model, trace=True, **common)
     if any(n.startswith("das-") or n == "all" for n in names):
-        out["das"] = LLM(model, trace=True, das={"budget": das_budget},
+        out["das"] = LLM(model, trace=True, das={"budget": das_budget, "batch_cap": "cost"},
                          cost=f"{table}:{SHAPES[0]}", **common)
         if "das-fixed-linear" in names:
             out["das-linear"] = LLM(model, trace=True, das={"budget": das_budget,

@@ -530,3 +530,19 @@ def test_break_even_batch():
         for b, pays in ((b_star * 0.9, True), (b_star * 1.1, False)):
             per_token_draft = (cb + ct * b * (1 + p)) / (1 + a)
             assert (per_token_draft < cb + ct * b) == pays
+
+
+def test_cost_cap_drafts_where_widening_is_cheap():
+    from vllm_rl.control.das import chain_accepted, cost_cap
+    from vllm_rl.cost import load_cost
+
+    assert chain_accepted(0.5, 3) == pytest.approx(0.875)
+    assert chain_accepted(1.0, 4) == 4.0
+    h100 = load_cost("h100:qwen3-8b")
+    step = lambda b: (lambda k: h100.uniform_ms(b, 1 + k, 256))  # noqa: E731
+    assert cost_cap(step(8), 8, 8, 0.6, 8) >= 4          # memory-bound: nearly free
+    assert cost_cap(step(1024), 1024, 1024, 0.6, 8) == 0  # compute-bound: never pays
+    caps = [cost_cap(step(b), b, b, 0.6, 8) for b in (1, 16, 64, 256, 1024)]
+    assert caps == sorted(caps, reverse=True)
+    assert cost_cap(lambda k: 1.0 + k, 4, 4, 0.0, 8) == 0   # nothing accepted: no drafts
+    assert cost_cap(step(8), 8, 0, 0.9, 8) == 0
