@@ -51,9 +51,10 @@ def prompts():
 def shortest_violations(infos, m: int) -> list[str]:
     """Why a DARTS early-stop group's training group is not its M shortest (empty: it is).
 
-    Exact rule: the ``m`` selected samples are valid; every other sample (cancelled,
-    valid but unselected, aborted, cut at the limit) is at least as long as the longest
-    selected one, and a valid unselected one of equal length finished later (rank).
+    Exact rule: the ``m`` selected samples are valid; every cancelled or valid but
+    unselected sample is at least as long as the longest selected one, and a valid
+    unselected one of equal length finished later (rank).  Samples that ended invalid by
+    their own policy (DUET abort, client abort) never compete, at any length.
     """
     from vllm_rl import Reason
 
@@ -65,7 +66,7 @@ def shortest_violations(infos, m: int) -> list[str]:
         bad.append(f"selected {[(i.reason.value, i.length) for i in sel]}, want {m} valid")
     longest = max((i.length, i.finish_rank) for i in sel) if sel else (0, 0)
     for i in infos:
-        if i.selected:
+        if i.selected or i.reason in (Reason.DUET_ABORTED, Reason.ABORT):
             continue
         if i.length < longest[0]:
             bad.append(f"{i.reason.value} sample of {i.length} tokens is shorter than a "
