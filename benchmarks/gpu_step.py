@@ -115,7 +115,7 @@ def flags_for(name: str, i: int, plan, duet: dict, m: int, m_prime: int):
     from vllm_rl import rl_params
 
     das = {"problem_id": f"p{i}"}
-    if name in ("stock-8",):
+    if name == "stock-8":
         return m, None
     if name == "stock-16":
         return m_prime, None

@@ -18,6 +18,7 @@ Pure Python (stdlib only, no torch): the scheduler and the workers import it che
 """
 from __future__ import annotations
 
+import abc
 import json
 import math
 import os
@@ -77,7 +78,7 @@ def _step_sums(widths: Sequence[int], contexts: Sequence[int]) -> tuple[int, int
 # -------------------------------------------------------------------------- base class
 
 
-class StepCost:
+class StepCost(abc.ABC):
     """The time (ms) of one engine step; subclasses implement :meth:`uniform_ms`.
 
     The base :meth:`step_ms` maps a mixed step to B identical sequences of the mean
@@ -93,10 +94,10 @@ class StepCost:
 
     name: str = "step-cost"
 
+    @abc.abstractmethod
     def uniform_ms(self, batch: float, width: float = 1, context: float = 256) -> float:
         """One step of ``batch`` identical sequences (``width`` query tokens each,
         ``context`` tokens cached).  ``batch == 0`` is an empty step: 0."""
-        raise NotImplementedError
 
     def step_ms(self, widths: Sequence[int], contexts: Sequence[int]) -> float:
         """One step in which sequence i computes ``widths[i]`` query tokens against

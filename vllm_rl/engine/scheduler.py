@@ -152,9 +152,6 @@ class RLSchedulerMixin(TraceMixin):
     def _check_watched(self) -> None:
         """Stop each watched group whose M shortest valid samples are now known."""
         for gid, group in list(self._watched.items()):
-            if group.stopped:
-                del self._watched[gid]
-                continue
             live = []
             for m in group.live.values():
                 if m.finish_rank is None:

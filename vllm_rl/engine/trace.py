@@ -69,9 +69,11 @@ class StepTrace:
     def since(self, mark: tuple[int, int]) -> "StepTrace":
         """The steps recorded after ``mark``, as a trace of their own."""
         out = StepTrace(self.max_steps)
-        for w, c in list(self.steps())[mark[0]:]:
-            out.record(list(w), list(c))
-        out.wall_ms.extend(self.wall_ms[mark[1]:])
+        start = self._offsets[mark[0]]
+        out._offsets = array("q", (o - start for o in self._offsets[mark[0]:]))
+        out._widths = self._widths[start:]
+        out._contexts = self._contexts[start:]
+        out.wall_ms = self.wall_ms[mark[1]:]
         return out
 
     def summary(self) -> dict[str, float]:

@@ -37,14 +37,16 @@ passes any of its requests took (Eq. 4: the passes the batch needs), feeds T_sho
 from __future__ import annotations
 
 import time
-
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
+import numpy as np
 from vllm.logger import init_logger
 
 from vllm_rl.control import das as policy
+from vllm_rl.cost import OnlineCost, load_cost
 from vllm_rl.flags import DasFlags, FlagError, extract, normalize, parse
 from vllm_rl.spec.config import DASConfig, prompt_problem_id
 from vllm_rl.spec.store import ProblemTrees
@@ -110,11 +112,10 @@ class DASProposer:
         self.n_fwd_log: deque = deque(maxlen=cfg.round_horizon)
         self._runner = None
         self._sched = None
-        from vllm_rl.cost import OnlineCost, load_cost
-
         extra = getattr(vllm_config, "additional_config", None) or {}
         self.cost = load_cost(extra.get("vllm_rl_cost"))   # the engine's step-cost model
-        self._online = isinstance(self.cost, OnlineCost)
+        # Only the cost cap reads the model: fit it online only when that is in use.
+        self._online = cfg.batch_cap == "cost" and isinstance(self.cost, OnlineCost)
         self._t_step: float | None = None
 
     # ------------------------------------------------------------------ vLLM hooks
@@ -187,8 +188,8 @@ class DASProposer:
     def _cost_cap(self, batch: int, drafting: int, num_tokens_no_spec) -> int:
         """Sec. 4.2.1's batch cap from the step-cost model: the draft length that makes
         this step cheapest per generated token (:func:`policy.cost_cap`)."""
-        context = float(sum(int(x) for x in num_tokens_no_spec[:batch])) / max(batch, 1)
-        recent = list(self.verify_log)[-64:]
+        context = float(np.sum(num_tokens_no_spec[:batch])) / max(batch, 1)
+        recent = list(islice(reversed(self.verify_log), 64))
         prop = sum(x[1] for x in recent)
         acc = sum(x[2] for x in recent)
         q = policy.chain_acceptance(prop, acc, acc + sum(x[0] for x in recent))
