@@ -67,6 +67,7 @@ setup(
     extras_require={"test": ["pytest>=8", "hypothesis>=6"]},
     entry_points={
         "vllm.general_plugins": ["vllm_rl = vllm_rl.plugin:register"],
+        "vllm.endpoint_plugins": ["vllm_rl = vllm_rl.endpoint:RLEndpoints"],
     },
     zip_safe=False,
 )

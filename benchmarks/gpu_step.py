@@ -28,7 +28,8 @@ Configurations (stock ones on stock vLLM's scheduler with the trace only):
 - ``das-class`` / ``das-fixed`` / ``das-optimal``: n = 8, each DAS budget policy, all
   under the engine's cost-model batch cap (``DASConfig.batch_cap="cost"``);
 - ``das-fixed-linear``: the old linear batch cap (full budgets up to 256 running);
-- ``all``: DARTS (adaptive) + DUET + DAS (the default policy) in one request.
+- ``all``: DARTS (adaptive) + DUET + DAS (the engine's default policy and cost cap) in
+  one request; ``all-16``: the same with M' = 16 for every prompt.
 
 Output: a table (projected ms on each shape, ratio to ``stock-8``, engine steps, tokens,
 CPU wall, kept samples, their mean reward and length), a JSON file and a PNG of the
@@ -87,7 +88,7 @@ def make_engines(names: set[str], model: str, seed: int, table: str, das_budget:
     if names & {"darts-16", "darts-adaptive", "duet"}:
         out["rl"] = LLM(model, trace=True, **common)
     if any(n.startswith("das-") or n == "all" for n in names):
-        out["das"] = LLM(model, trace=True, das={"budget": das_budget, "batch_cap": "cost"},
+        out["das"] = LLM(model, trace=True, das={"budget": das_budget},   # default: cost cap
                          cost=f"{table}:{SHAPES[0]}", **common)
         if "das-fixed-linear" in names:
             out["das-linear"] = LLM(model, trace=True, das={"budget": das_budget,
@@ -132,6 +133,9 @@ def flags_for(name: str, i: int, plan, duet: dict, m: int, m_prime: int):
     if name == "all":
         return plan[i].n, rl_params(group={"size": m, "redundant": plan[i].n},
                                     darts={"mode": "shortest"}, duet=duet, das=das)
+    if name == "all-16":
+        return m_prime, rl_params(group={"size": m}, darts={"mode": "shortest"}, duet=duet,
+                                  das=das)
     raise ValueError(name)
 
 
@@ -193,7 +197,7 @@ def run_config(llm, name: str, prompts, plan, duet, args, costs) -> StepRun:
 
 ENGINE_OF = {"stock-8": "stock", "stock-16": "stock", "darts-16": "rl", "darts-adaptive": "rl",
              "duet": "rl", "das-class": "das", "das-fixed": "das", "das-optimal": "das",
-             "das-fixed-linear": "das-linear", "all": "das"}
+             "das-fixed-linear": "das-linear", "all": "das", "all-16": "das"}
 ALL = list(ENGINE_OF)
 
 
@@ -270,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in runs:
         row = {"config": r.config, **{f"{s} ms": r.projected_ms[s] for s in SHAPES},
                **{f"vs stock-8 ({s})": base.projected_ms[s] / r.projected_ms[s] for s in SHAPES},
-               "steps": r.engine_steps, "tokens": r.tokens, "cpu s": r.wall_s,
+               "steps": r.engine_steps, "wait steps": r.stop_wait_steps, "tokens": r.tokens, "cpu s": r.wall_s,
                "cpu vs stock-8": base.wall_s / r.wall_s, "kept": r.kept,
                "kept reward": r.kept_mean_reward, "kept len": r.kept_mean_length}
         rows.append(row)
@@ -330,7 +334,7 @@ def plot(runs: list[StepRun], costs, path: Path) -> None:
     ax1.invert_yaxis()
     ax1.axvline(base.projected_ms[SHAPES[0]] / 1e3, color="k", lw=0.8, ls="--")
     ax1.set_xlabel("projected GPU time of the step, s (H100 table)")
-    ax1.legend()
+    ax1.legend(loc="lower right", fontsize=8)
     ax1.set_title("one rollout step, M = 8 kept per prompt (projection)")
     for r in runs:
         ax2.plot(r.batch_profile, label=r.config, lw=1)

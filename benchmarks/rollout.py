@@ -3,11 +3,16 @@
     python benchmarks/rollout.py                       # all configurations, embedded model
     python benchmarks/rollout.py --configs darts-shortest --repeats 3 --model PATH
     python benchmarks/rollout.py --suite das           # only the DAS epochs (das_rollout.py)
+    python benchmarks/rollout.py --suite arrol         # only ARRoL (arrol.py)
 
 The ``step`` suite (below) times one rollout step of DARTS and DUET; the ``das`` suite
 (:mod:`das_rollout`) runs several epochs of DAS against stock vLLM and vLLM's own
 speculative methods, since a drafter built from past rollouts needs past rollouts.
-``--suite all`` (the default) runs both, one after the other.
+The ``arrol`` suite (:mod:`arrol`) trains ARRoL's quality head from the engine's hidden
+states, reports its signal at ``l_detect`` and one rollout step with pruning.
+``--suite all`` (the default) runs the three, one after the other.  The step suite runs
+its engines in-process (the fair comparison on 2 cores) and records every engine step,
+so each row also gives the projected H100 time of the same steps (a projection).
 
 Two engines live in the one process: stock vLLM (its own scheduler) and the RL engine.
 Each configuration runs on the same prompts with the same seeds, and the runs are
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -100,17 +106,19 @@ class Run:
     kept_samples: int
     kept_mean_reward: float
     kept_mean_length: float
+    projected_ms: float = 0.0        # the same engine steps priced on the H100 8B table
     aborted_share: float = 0.0       # DUET: aborted at the gate
     eps_kept_share: float = 0.0      # DUET: kept by the coin, weight 1/eps
     reasons: dict[str, int] = field(default_factory=dict)
 
 
 def run_once(llm, cfg: Config, prompts: list[str], m: int, seed: int, max_tokens: int,
-             repeat: int) -> Run:
+             repeat: int, cost=None) -> Run:
     """Drive the engine's step loop over one rollout step; time each group's completion."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
+    from vllm_rl.engine.trace import engine_trace
     from vllm_rl.llm import attach_rollout_info
     from vllm_rl.task import reward
 
@@ -118,6 +126,8 @@ def run_once(llm, cfg: Config, prompts: list[str], m: int, seed: int, max_tokens
     params = SamplingParams(n=cfg.n, temperature=1.0, max_tokens=max_tokens, seed=seed,
                             extra_args=extra, output_kind=RequestOutputKind.FINAL_ONLY)
     engine = llm.llm_engine
+    trace = engine_trace(llm)
+    mark = trace.mark()
     t0 = time.perf_counter()
     ids = {}
     for i, prompt in enumerate(prompts):
@@ -135,6 +145,7 @@ def run_once(llm, cfg: Config, prompts: list[str], m: int, seed: int, max_tokens
                 outputs[i] = out
                 done[i] = time.perf_counter() - t0
     wall = time.perf_counter() - t0
+    projected = trace.since(mark).project(cost).total_ms if cost is not None else 0.0
     attach_rollout_info(outputs, [params] * len(outputs))
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     kept, reasons, eps_kept = [], {}, 0
@@ -150,7 +161,7 @@ def run_once(llm, cfg: Config, prompts: list[str], m: int, seed: int, max_tokens
     q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
     return Run(cfg.name, repeat, wall, tokens, steps, tokens / wall, statistics.median(times),
                q[8], times[-1], len(kept), statistics.mean(r for r, _ in kept),
-               statistics.mean(n for _, n in kept),
+               statistics.mean(n for _, n in kept), projected,
                reasons.get("duet_aborted", 0) / n_samples, eps_kept / n_samples, reasons)
 
 
@@ -161,7 +172,8 @@ def summarize(runs: list[Run], cfgs: dict[str, Config]) -> list[dict]:
     med = {name: {k: statistics.median(getattr(r, k) for r in rs)
                   for k in ("wall_s", "generated_tokens", "engine_steps", "tokens_per_s",
                             "group_done_p50_s", "group_done_p90_s", "group_done_max_s",
-                            "kept_mean_reward", "kept_mean_length", "aborted_share",
+                            "kept_mean_reward", "kept_mean_length", "projected_ms",
+                            "aborted_share",
                             "eps_kept_share")}
            for name, rs in by.items()}
     rows = []
@@ -171,6 +183,7 @@ def summarize(runs: list[Run], cfgs: dict[str, Config]) -> list[dict]:
         for stock in [base] + [c for c in med if cfgs[c].engine == "stock" and c != base]:
             if stock and stock in med:
                 row[f"wall_vs_{stock}"] = s["wall_s"] / med[stock]["wall_s"]
+                row[f"h100_vs_{stock}"] = med[stock]["projected_ms"] / s["projected_ms"]
                 row[f"tokens_vs_{stock}"] = s["generated_tokens"] / med[stock]["generated_tokens"]
         rows.append(row)
     return rows
@@ -182,12 +195,14 @@ COLUMNS = [  # (key, header, format)
     ("tokens_per_s", "tok/s", "{:.0f}"), ("group_done_p50_s", "grp p50 s", "{:.2f}"),
     ("group_done_p90_s", "grp p90 s", "{:.2f}"), ("group_done_max_s", "grp max s", "{:.2f}"),
     ("kept_mean_reward", "kept reward", "{:.3f}"), ("kept_mean_length", "kept len", "{:.1f}"),
+    ("projected_ms", "H100 8B ms (proj.)", "{:.0f}"),
     ("aborted_share", "aborted", "{:.3f}"), ("eps_kept_share", "eps-kept", "{:.3f}"),
 ]
 
 
 def print_table(rows: list[dict]) -> None:
-    ratios = sorted({k for r in rows for k in r if k.startswith(("wall_vs_", "tokens_vs_"))})
+    ratios = sorted({k for r in rows for k in r
+                     if k.startswith(("wall_vs_", "tokens_vs_", "h100_vs_"))})
     cols = COLUMNS + [(k, k, "{:.3f}") for k in ratios]
     cells = [[h for _, h, _ in cols]]
     cells += [[fmt.format(r[k]) if k in r else "" for k, _, fmt in cols] for r in rows]
@@ -209,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--configs", default="all",
                     help="comma-separated RL configurations (stock baselines always run)")
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
-    ap.add_argument("--suite", choices=("all", "step", "das"), default="all")
+    ap.add_argument("--suite", choices=("all", "step", "das", "arrol"), default="all")
     ap.add_argument("--epochs", type=int, default=3, help="das suite: epochs")
     ap.add_argument("--das-configs", default=None, help="das suite: configurations")
     ap.add_argument("--das-multiprocess", action="store_true",
@@ -226,6 +241,12 @@ def main(argv: list[str] | None = None) -> None:
                f"--max-tokens={args.max_tokens}", f"--seed={args.seed}", f"--out={args.out}"]
             + ([f"--configs={args.das_configs}"] if args.das_configs else [])
             + (["--multiprocess"] if args.das_multiprocess else []))
+    if args.suite in ("all", "arrol"):
+        import arrol
+
+        arrol.main(([f"--model={args.model}"] if args.model else [])
+                   + [f"--max-tokens={args.max_tokens}", f"--seed={args.seed}",
+                      f"--out={args.out}"])
 
 
 def step_suite(args, ap) -> None:
@@ -233,14 +254,19 @@ def step_suite(args, ap) -> None:
     import vllm
     from tqdm import tqdm
 
+    from vllm_rl.cost import load_cost
+    from vllm_rl.engine.trace import CONFIG_KEY as TRACE_KEY, TRACED_SCHEDULER_CLS
     from vllm_rl.llm import LLM, CPU_KV_CACHE_BYTES
     from vllm_rl.task import MODEL_PATH, heldout_prompts
 
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # the step trace
     model = args.model or str(MODEL_PATH)
     common = dict(seed=args.seed, max_model_len=1024)
-    engines = {"stock": vllm.LLM(model, async_scheduling=True,
+    cost = load_cost("h100:qwen3-8b")
+    engines = {"stock": vllm.LLM(model, async_scheduling=True, scheduler_cls=TRACED_SCHEDULER_CLS,
+                                 additional_config={TRACE_KEY: True},
                                  kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, **common),
-               "rl": LLM(model, **common)}
+               "rl": LLM(model, trace=True, **common)}
     prompts = heldout_prompts(args.prompts)
     duet = duet_thresholds(engines["rl"], prompts, args.max_tokens, args.seed + 1000)
     cfgs = configs(args.m, args.m_prime, duet)
@@ -261,10 +287,13 @@ def step_suite(args, ap) -> None:
     runs = []
     for cfg, rep in tqdm(plan, desc="rollout steps", unit="run"):
         runs.append(run_once(engines[cfg.engine], cfg, prompts, args.m, args.seed,
-                             args.max_tokens, rep))
+                             args.max_tokens, rep, cost))
     rows = summarize(runs, cfgs)
     print(f"\nmodel {model}; {len(prompts)} prompts; M={args.m}, M'={args.m_prime}; "
-          f"max_tokens {args.max_tokens}; median of {args.repeats} interleaved repeats")
+          f"max_tokens {args.max_tokens}; median of {args.repeats} interleaved repeats; "
+          "engines in-process; 'H100 8B ms (proj.)' is a PROJECTION: the same engine steps "
+          "priced on the H100 step-cost table (CPU scheduler limits; benchmarks/gpu_step.py "
+          "uses the H100's)")
     print(f"duet flags: {duet}")
     print_table(rows)
     out = Path(args.out)

@@ -11,7 +11,7 @@ import importlib
 import inspect
 from typing import Any, Callable
 
-MODULES = ("input_validation", "proposer_context", "cpu_spec_expand")
+MODULES = ("input_validation", "proposer_context", "cpu_spec_expand", "arrol_capture")
 
 
 class PatchMismatch(RuntimeError):

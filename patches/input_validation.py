@@ -56,6 +56,7 @@ def apply() -> None:
         from vllm.sampling_params import SamplingParams
 
         from vllm_rl.flags import KEY, FlagError, extract, normalize
+        from vllm_rl.arrol.config import check_engine as check_arrol
         from vllm_rl.spec.config import check_engine, default_problem_id
 
         if not isinstance(params, SamplingParams) or not params.extra_args:
@@ -67,6 +68,7 @@ def apply() -> None:
             group_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
             canonical = normalize(raw, n=params.n, default_group_id=group_id)
             check_engine(canonical, self.vllm_config)
+            check_arrol(canonical, self.vllm_config)
         except FlagError as e:
             raise VLLMValidationError(str(e), parameter=f"{KEY}.{e.flag}") from e
         request = original(self, request_id, prompt, params, *args, **kwargs)

@@ -33,10 +33,23 @@ def rl_llm():
 
 @pytest.fixture(scope="session")
 def das_llm():
-    """``vllm_rl.LLM(das=True)``: the DAS drafter in vLLM's custom_class slot, sync scheduling."""
+    """``vllm_rl.LLM(das=...)``: the DAS drafter in vLLM's custom_class slot, sync
+    scheduling, with the linear batch cap (the policy tests need budgets that do not
+    depend on this machine's step times) and an ARRoL head (the all-four tests)."""
     from vllm_rl import LLM
 
-    llm = LLM(seed=0, max_model_len=MAX_MODEL_LEN, das=True)
+    llm = LLM(seed=0, max_model_len=MAX_MODEL_LEN, das={"batch_cap": "linear"}, arrol=True)
+    yield llm
+    shutdown(llm)
+
+
+@pytest.fixture(scope="session")
+def arrol_llm():
+    """``vllm_rl.LLM(arrol=True)``: ARRoL's head on the V1 runner, multiprocess engine core
+    (the verdicts cross vLLM's executor with the step's output)."""
+    from vllm_rl import LLM
+
+    llm = LLM(seed=0, max_model_len=MAX_MODEL_LEN, arrol=True)
     yield llm
     shutdown(llm)
 
@@ -66,7 +79,7 @@ def shortest_violations(infos, m: int) -> list[str]:
         bad.append(f"selected {[(i.reason.value, i.length) for i in sel]}, want {m} valid")
     longest = max((i.length, i.finish_rank) for i in sel) if sel else (0, 0)
     for i in infos:
-        if i.selected or i.reason in (Reason.DUET_ABORTED, Reason.ABORT):
+        if i.selected or i.reason in (Reason.DUET_ABORTED, Reason.ARROL_PRUNED, Reason.ABORT):
             continue
         if i.length < longest[0]:
             bad.append(f"{i.reason.value} sample of {i.length} tokens is shorter than a "

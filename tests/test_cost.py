@@ -392,3 +392,20 @@ def test_measure_on_cpu(tmp_path, capsys):
     assert table.shape == "tiny" and table.uniform_ms(2, 2, 32) > 0
     with pytest.raises(SystemExit):
         measure.main([str(out), "--device", "cpu"])          # no shape given
+
+
+def test_linear_at_is_the_tangent_of_eq1():
+    from vllm_rl.cost import OnlineCost, load_cost
+
+    online = OnlineCost()
+    for b in (1, 2, 4, 8, 16, 64):
+        for w in (1, 2, 3):
+            online.observe([w] * b, [0] * b, 2.0 + 0.25 * b * w)
+    assert online.fitted
+    c_base, c_tok = online.linear_at(16, context=0)
+    assert c_base == pytest.approx(2.0, rel=1e-3) and c_tok == pytest.approx(0.25, rel=1e-3)
+    table = load_cost("h100:qwen3-8b")
+    small, large = table.linear_at(16), table.linear_at(512)
+    assert small[0] > 0 and large[0] >= 0
+    # memory-bound at 16 sequences: a pass dominates; at 512 the tokens do
+    assert small[0] / (small[1] * 16) > large[0] / (large[1] * 512)

@@ -45,5 +45,5 @@ def test_server_args_parse_into_a_das_engine():
     assert engine.speculative_config["num_speculative_tokens"] == 4
     assert engine.additional_config[CONFIG_KEY]["budget"] == 2
     assert engine.async_scheduling is False
-    assert engine.worker_extension_cls == "vllm_rl.spec.worker.DASWorkerExtension"
+    assert engine.worker_extension_cls == "vllm_rl.worker.RLWorkerExtension"
     assert json.loads(json.dumps(engine.additional_config))   # plain JSON travels

@@ -265,7 +265,8 @@ def test_class_policy_drafts_for_long_requests_only(das_llm, prompts):
 
     def sp(seed):
         return [SamplingParams(n=4, temperature=1.0, max_tokens=256, seed=seed,
-                               extra_args=rl_params(das={"problem_id": f"cls-{i}"}))
+                               extra_args=rl_params(das={"problem_id": f"cls-{i}",
+                                                         "policy": "class"}))
                 for i in range(len(ps))]
 
     first = das_llm.generate(ps, sp(31), use_tqdm=False)       # no history: all medium

@@ -5,7 +5,8 @@ import pytest
 import vllm
 
 import vllm_rl.patches as patches
-from vllm_rl.patches import PatchMismatch, cpu_spec_expand, input_validation, proposer_context
+from vllm_rl.patches import (PatchMismatch, arrol_capture, cpu_spec_expand, input_validation,
+                              proposer_context)
 
 
 @pytest.mark.parametrize("mod", patches.all_patches(), ids=lambda m: m.__name__)
@@ -94,3 +95,29 @@ def test_cpu_expand_patch_fixes_vllms_expansion_of_sampling_params():
     stock = rs.expand_batch_to_tokens.__wrapped__(temps, cu, 5, 0, 1)
     assert stock.tolist() != got.tolist(), (
         "vLLM's own CPU expansion is right now: drop patches/cpu_spec_expand.py")
+
+
+def test_arrol_capture_check_fails_loudly_on_a_changed_target(monkeypatch):
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    arrol_capture.check()
+    original = GPUModelRunner.sample_tokens
+
+    def sample_tokens(self, grammar_output):     # a vLLM that no longer clears the state
+        return original(self, grammar_output)
+
+    monkeypatch.setattr(GPUModelRunner, "sample_tokens", sample_tokens)
+    with pytest.raises(PatchMismatch, match="execute_model_state"):
+        arrol_capture.check()
+
+
+def test_arrol_engine_refuses_model_runner_v2():
+    from types import SimpleNamespace
+
+    from vllm_rl.arrol.config import CONFIG_KEY, check_runner
+
+    v2 = SimpleNamespace(additional_config={CONFIG_KEY: {}}, use_v2_model_runner=True)
+    with pytest.raises(RuntimeError, match="V1 model runner"):
+        check_runner(v2)
+    check_runner(SimpleNamespace(additional_config={}, use_v2_model_runner=True))
+    check_runner(SimpleNamespace(additional_config={CONFIG_KEY: {}}, use_v2_model_runner=False))

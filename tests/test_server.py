@@ -33,7 +33,8 @@ def server(tmp_path_factory):
     cmd = [sys.executable, "-m", "vllm_rl.serve", str(MODEL_PATH),
            "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
            "--max-model-len", str(MAX_MODEL_LEN),
-           "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES), *server_args()]
+           "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES), *server_args(arrol=True),
+           "--arrol"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -57,13 +58,7 @@ def server(tmp_path_factory):
 
 
 def _post(base, body):
-    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+    return _call(base, "/v1/completions", body)
 
 
 def _body(prompt, **kw):
@@ -108,3 +103,41 @@ def test_server_rejects_bad_flags_with_400_and_keeps_serving(server, prompts):
     slow.join(timeout=120)
     status, resp = result["ok"]
     assert status == 200 and all(len(c["text"]) > 0 for c in resp["choices"])
+
+
+def _call(base, path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_server_arrol_route_flags_and_records(server, prompts):
+    """ARRoL over HTTP: calibration pushed through POST /vllm_rl/arrol, flags through
+    vllm_xargs, scores, survival probabilities and hidden states in the records."""
+    from vllm_rl.engine.policies.arrol import BINS
+
+    status, info = _call(server, "/vllm_rl/arrol")
+    assert status == 200 and info["calibrated"] is False
+    cal = {"pos": [0] * BINS, "neg": [0] * BINS, "alpha": 1.0, "prior": 0.5, "delta": 0.0,
+           "bins": BINS}
+    status, resp = _call(server, "/vllm_rl/arrol", {"calibration": cal})
+    assert status == 200, resp
+    version = resp["version"]
+    status, resp = _call(server, "/vllm_rl/arrol", {"calibration": {**cal, "alpha": -1}})
+    assert status == 400 and "alpha" in json.dumps(resp)
+    status, resp = _post(server, _body(prompts[5], n=8, max_tokens=64, vllm_xargs=rl_xargs(
+        arrol={"l_detect": 16, "return_hidden": True})))
+    assert status == 200, resp
+    infos = [RolloutInfo.from_openai_choice(c) for c in resp["choices"]]
+    scored = [i for i in infos if i.length > 16]
+    assert scored and all(i.head_version == version and i.p == 0.5 for i in scored)
+    assert all(i.hidden_state().shape == (info["hidden_size"],) for i in scored)
+    assert all((i.reason is Reason.ARROL_PRUNED) == i.pruned for i in scored)
+    status, resp = _post(server, _body(prompts[5], n=2, vllm_xargs={"vllm_rl.arrol.rho": 3}))
+    assert status == 400 and "'arrol.rho'" in json.dumps(resp)
+    assert _call(server, "/vllm_rl/arrol", {"cold_start": True})[0] == 200

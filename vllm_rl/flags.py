@@ -160,7 +160,7 @@ MAX_DRAFT = 64   # tokens per verification round
 
 DAS_FIELDS = {
     "problem_id": _Field(str),
-    "policy": _Field(str, "class", choices=DAS_POLICIES),
+    "policy": _Field(str, choices=DAS_POLICIES),
     "budget": _Field(int, lo=0, hi=MAX_DRAFT),
     "min_prob": _Field(float, lo=0.0, hi=1.0),
 }
@@ -177,13 +177,15 @@ class DasFlags:
     dataset index (or leave the group unnamed and let the prompt key the tree).  ``policy`` sets the draft budget
     per verification round: ``"class"`` the length classes of Sec. 4.2.3 (0 / b / 2b),
     ``"optimal"`` Eq. 7 from online acceptance estimates, ``"fixed"`` always 2b (the
-    budget-agnostic baseline of Sec. 5.3).  ``budget`` is b (default: the engine's),
+    budget-agnostic baseline of Sec. 5.3); left out, the engine's ``DASConfig.policy``
+    (``"fixed"``: with the cost-model batch cap it was the fastest on the H100 table, see
+    ``benchmarks/gpu_step.py``), written into the request's flags at submission.  ``budget`` is b (default: the engine's),
     ``min_prob`` the draft's cumulative-probability cutoff (default: the engine's, 0.1).
     The engine must have been started with DAS (``vllm_rl.LLM(das=True)``).
     """
 
     problem_id: str | None
-    policy: str
+    policy: str | None
     budget: int | None
     min_prob: float | None
 
@@ -196,9 +198,44 @@ class RLFlags:
     darts: DartsFlags | None = None
     duet: DuetFlags | None = None
     das: DasFlags | None = None
+    arrol: ArrolFlags | None = None
 
 
-SECTIONS = ("group", "darts", "duet", "das")
+ARROL_FIELDS = {
+    "l_detect": _Field(int, 512, lo=1, hi=1 << 20),
+    "kappa": _Field(float, 0.5, lo=0.0, hi=1.0),
+    "rho": _Field(float, 0.5, lo=0.0, hi=1.0),
+    "lam": _Field(float, 0.5, lo=0.0, hi=16.0),
+    "p_min": _Field(float, 0.1, lo=0.0, hi=1.0),
+    "p_max": _Field(float, 0.9, lo=0.0, hi=1.0),
+    "return_hidden": _Field(bool, False),
+}
+
+
+@dataclass(frozen=True)
+class ArrolFlags:
+    """ARRoL's quality-head pruning (Sec. 4.2; App. A.4 Eq. 1-2; Alg. 1 l.17-21).
+
+    When the sample has generated ``l_detect`` tokens, the engine's quality head scores
+    the final-norm hidden state of its ``l_detect``-th token; with the trainer's
+    calibration the score becomes a posterior q and the survival probability
+    p = clip(κ + δ + λ(ρ − q), p_min, p_max) (Eq. 2, ``kappa``, ``rho``, ``lam``,
+    ``p_min``, ``p_max``); the sample is pruned with probability 1 − p (a coin from its
+    seed).  ``return_hidden`` returns that hidden state with the output, for the trainer
+    to fit the head.  Defaults are the paper's: L_detect = 512, κ = ρ = λ = 0.5,
+    p ∈ [0.1, 0.9].  The engine must have a head loaded (``vllm_rl.LLM(arrol=...)``).
+    """
+
+    l_detect: int
+    kappa: float
+    rho: float
+    lam: float
+    p_min: float
+    p_max: float
+    return_hidden: bool
+
+
+SECTIONS = ("group", "darts", "duet", "das", "arrol")
 
 
 def _group(raw: dict[str, Any], n: int | None, path: str = "group") -> dict[str, Any]:
@@ -246,6 +283,14 @@ def _duet(raw: dict[str, Any]) -> dict[str, Any]:
             raise FlagError("duet.pattern", str(e),
                             f"an RE2 regular expression of at most {MAX_PATTERN} characters") from None
     return d
+
+
+def _arrol(raw: dict[str, Any]) -> dict[str, Any]:
+    a = _section("arrol", raw, ARROL_FIELDS)
+    if a["p_min"] > a["p_max"]:
+        raise FlagError("arrol.p_min", f"{a['p_min']} > arrol.p_max {a['p_max']}",
+                        f"float in [0, {a['p_max']}] (p_min <= p_max)")
+    return a
 
 
 def extract(extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -305,24 +350,27 @@ def normalize(raw: Any, n: int | None = None, default_group_id: str | None = Non
         out["duet"] = _duet(raw["duet"])
     if raw.get("das") is not None:
         out["das"] = _section("das", raw["das"], DAS_FIELDS)
+    if raw.get("arrol") is not None:
+        out["arrol"] = _arrol(raw["arrol"])
     return out
 
 
 def parse(canonical: dict[str, Any]) -> RLFlags:
     """Typed flags from their canonical form (as produced by :func:`normalize`)."""
     g, d, u = canonical.get("group"), canonical.get("darts"), canonical.get("duet")
-    s = canonical.get("das")
+    s, a = canonical.get("das"), canonical.get("arrol")
     return RLFlags(
         group=GroupFlags(**g) if g else None,
         darts=DartsFlags(**d) if d else None,
         duet=DuetFlags(**u) if u else None,
         das=DasFlags(**s) if s is not None else None,
+        arrol=ArrolFlags(**a) if a is not None else None,
     )
 
 
 def rl_params(group: dict | None = None, darts: dict | bool | None = None,
               duet: dict | bool | None = None, das: dict | bool | None = None,
-              **sections: Any) -> dict[str, Any]:
+              arrol: dict | bool | None = None, **sections: Any) -> dict[str, Any]:
     """The ``extra_args`` dict that switches techniques on for a request.
 
     >>> SamplingParams(n=16, extra_args=rl_params(group={"size": 8}, darts={"mode": "shortest"}))
@@ -333,7 +381,8 @@ def rl_params(group: dict | None = None, darts: dict | bool | None = None,
     raw: dict[str, Any] = {}
     if group is not None:
         raw["group"] = dict(group)
-    for name, value in {"darts": darts, "duet": duet, "das": das, **sections}.items():
+    for name, value in {"darts": darts, "duet": duet, "das": das, "arrol": arrol,
+                        **sections}.items():
         if value is not None and value is not False:
             raw[name] = {} if value is True else dict(value)
     normalize(raw)  # fail early; the raw form is sent, the engine fills the defaults

@@ -21,12 +21,12 @@ from vllm_rl.outcome import RolloutInfo, annotate_group
 CPU_KV_CACHE_BYTES = 1 << 30   # vLLM's CPU default reserves most of a NUMA node
 
 
-DAS_WORKER_EXTENSION = "vllm_rl.spec.worker.DASWorkerExtension"
+WORKER_EXTENSION = "vllm_rl.worker.RLWorkerExtension"   # DAS trees + ARRoL head on the worker
 TRACE_KEY = "vllm_rl_trace"    # additional_config: record each engine step (engine/trace.py)
 COST_KEY = "vllm_rl_cost"      # additional_config: the StepCost spec (vllm_rl.cost.load_cost)
 
 
-def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
+def _defaults(kwargs: dict[str, Any], scoped_runner_env: bool = False) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     from vllm_rl.task import MODEL_PATH
@@ -52,7 +52,17 @@ def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
             elif key in kwargs and kwargs[key] != value:
                 raise ValueError(f"das= sets {key}={value!r}; got {kwargs[key]!r}")
             kwargs[key] = value
-        kwargs.setdefault("worker_extension_cls", DAS_WORKER_EXTENSION)
+        kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+    arrol = kwargs.pop("arrol", None)
+    if arrol:
+        from vllm_rl.arrol.config import ArrolConfig, use_v1_runner
+
+        cfg = ArrolConfig.of(arrol).engine_kwargs()
+        kwargs["additional_config"] = {**(kwargs.get("additional_config") or {}),
+                                       **cfg["additional_config"]}
+        kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+        if not scoped_runner_env:
+            use_v1_runner()
     kwargs.setdefault("model", str(MODEL_PATH))
     kwargs.setdefault("scheduler_cls", SCHEDULER_CLS)
     kwargs.setdefault("async_scheduling", True)
@@ -67,7 +77,9 @@ class LLM(vllm.LLM):
     Extra keywords: ``das=`` (the DAS drafter, see :class:`~vllm_rl.spec.config.DASConfig`),
     ``cost=`` (the step-cost model the engine plans with: ``"online"``, the default, or a
     table such as ``"h100:qwen3-8b"``; see :func:`vllm_rl.cost.load_cost`) and
-    ``trace=True`` (record every engine step, :mod:`vllm_rl.engine.trace`).
+    ``trace=True`` (record every engine step, :mod:`vllm_rl.engine.trace`) and
+    ``arrol=`` (ARRoL's quality head, see :class:`~vllm_rl.arrol.config.ArrolConfig`;
+    it selects vLLM's V1 model runner for this process, ``VLLM_USE_V2_MODEL_RUNNER=0``).
 
     :meth:`generate` returns vLLM's ``RequestOutput`` objects whose completions carry a
     ``rollout_info`` (:class:`~vllm_rl.outcome.RolloutInfo`), with each group's
@@ -77,7 +89,13 @@ class LLM(vllm.LLM):
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         if model is not None:
             kwargs["model"] = model
-        super().__init__(**_defaults(kwargs))
+        if not kwargs.get("arrol"):
+            super().__init__(**_defaults(kwargs))
+            return
+        from vllm_rl.arrol.config import v1_runner_env
+
+        with v1_runner_env():       # the engine (and its processes) start on the V1 runner
+            super().__init__(**_defaults(kwargs, scoped_runner_env=True))
 
     def generate(self, prompts, sampling_params=None, **kwargs):
         outputs = super().generate(prompts, sampling_params, **kwargs)
@@ -99,6 +117,22 @@ class LLM(vllm.LLM):
     def das_clear(self, problem_id: str | None = None) -> int:
         """Drop one problem's tree, or all of them."""
         return self.collective_rpc("das_clear", args=(problem_id,))[0]
+
+    # -- ARRoL head (engines started with arrol=...) ------------------------------
+    def arrol_update(self, head: dict | str | None = None, calibration=None,
+                     cold_start: bool = False, version: int | None = None) -> int:
+        """Load the quality head's weights (``QualityHead.export``) and/or the
+        calibration (``Calibration`` or its dict) between steps; ``cold_start=True``
+        goes back to scoring without pruning.  Returns the head version that scores
+        from the next step on (every record names its version)."""
+        if calibration is not None and not isinstance(calibration, dict):
+            calibration = calibration.to_dict()
+        return self.collective_rpc("arrol_update",
+                                   args=(head, calibration, cold_start, version))[0]
+
+    def arrol_info(self) -> dict:
+        """The head's version, shape and calibration, samples scored and pruned (rank 0)."""
+        return self.collective_rpc("arrol_info")[0]
 
     def das_stats(self) -> dict:
         """Trees, memory, acceptance totals and per verification step (rank 0's drafter)."""
@@ -132,16 +166,27 @@ def engine_args(**kwargs: Any):
     return AsyncEngineArgs(**_defaults(kwargs))
 
 
-def server_args(das: Any = None) -> list[str]:
-    """The ``vllm serve`` flags that select the RL engine (``das=``: with the DAS drafter)."""
-    if not das:
-        return ["--scheduler-cls", SCHEDULER_CLS, "--async-scheduling"]
+def server_args(das: Any = None, arrol: Any = None) -> list[str]:
+    """The ``vllm serve`` flags that select the RL engine (``das=``: with the DAS drafter;
+    ``arrol=``: with ARRoL's quality head, which also needs ``VLLM_USE_V2_MODEL_RUNNER=0``
+    in the server's environment: ``python -m vllm_rl.serve --arrol`` sets it)."""
     import json
 
-    from vllm_rl.spec.config import DASConfig
+    extra: dict[str, Any] = {}
+    if arrol:
+        from vllm_rl.arrol.config import ArrolConfig
 
-    kw = DASConfig.of(das).engine_kwargs()
-    return ["--scheduler-cls", kw["scheduler_cls"], "--no-async-scheduling",
-            "--speculative-config", json.dumps(kw["speculative_config"]),
-            "--additional-config", json.dumps(kw["additional_config"]),
-            "--worker-extension-cls", DAS_WORKER_EXTENSION]
+        extra.update(ArrolConfig.of(arrol).engine_kwargs()["additional_config"])
+    if not das:
+        args = ["--scheduler-cls", SCHEDULER_CLS, "--async-scheduling"]
+    else:
+        from vllm_rl.spec.config import DASConfig
+
+        kw = DASConfig.of(das).engine_kwargs()
+        extra.update(kw["additional_config"])
+        args = ["--scheduler-cls", kw["scheduler_cls"], "--no-async-scheduling",
+                "--speculative-config", json.dumps(kw["speculative_config"])]
+    if extra:
+        args += ["--additional-config", json.dumps(extra), "--worker-extension-cls",
+                 WORKER_EXTENSION]
+    return args

@@ -29,6 +29,7 @@ class Reason(str, enum.Enum):
     DARTS_CANCELLED = "darts_cancelled"  # its group had its M shortest (DARTS Alg. 2 l.12)
     DUET_TRIMMED = "duet_trimmed"        # its answer marker fired: ended, answer complete
     DUET_ABORTED = "duet_aborted"        # no marker by K2 + G and its coin said abort (Eq. 5)
+    ARROL_PRUNED = "arrol_pruned"        # pruned at l_detect by its score and coin (ARRoL Eq. 2)
 
     @property
     def early(self) -> bool:
@@ -51,7 +52,10 @@ class RolloutInfo:
     it belongs to the M-sample training group, ``selection`` whether as one of the
     ``"short"`` or ``"long"`` end (DARTS dual-end) or ``"shortest"`` (early stop).
     DUET samples kept after the gate have ``keep_prob = eps`` and weight ``1/eps``;
-    aborted ones weight 0.  DAS samples count the draft tokens they were verified on
+    aborted ones weight 0.  ARRoL samples scored at ``l_detect`` carry the head's
+    ``score``, the calibrated ``q``, the survival probability ``p`` (None in the cold
+    start), the ``head_version`` and whether they were ``pruned`` (then reason
+    ``arrol_pruned``, weight 0).  DAS samples count the draft tokens they were verified on
     (``draft_proposed``) and how many the model accepted (``draft_accepted``); their
     tokens are the model's own either way.
     """
@@ -70,6 +74,21 @@ class RolloutInfo:
     k2: int | None = None
     draft_proposed: int | None = None    # DAS: draft tokens this sample was verified on
     draft_accepted: int | None = None    # DAS: of which accepted by the model
+    score: float | None = None           # ARRoL: the head's score s' at l_detect
+    q: float | None = None               # ARRoL: posterior P(correct | bin of s') (Eq. 1)
+    p: float | None = None               # ARRoL: survival probability (Eq. 2)
+    head_version: int | None = None      # ARRoL: the head version that scored it
+    pruned: bool | None = None           # ARRoL: pruned at l_detect
+    hidden: str | None = None            # ARRoL return_hidden: base64 float32 at l_detect
+
+    def hidden_state(self):
+        """The final-norm hidden state at ``l_detect`` (``arrol.return_hidden``) as a
+        float32 numpy vector, or None."""
+        if self.hidden is None:
+            return None
+        from vllm_rl.arrol.scorer import decode_hidden
+
+        return decode_hidden(self.hidden)
 
     @property
     def valid(self) -> bool:
@@ -126,8 +145,8 @@ def annotate_group(infos: list[RolloutInfo], size: int, k: int,
     Early stop: the engine stopped the group once its M shortest valid samples were
     known (ties: the earlier finisher); they are ``selected`` as ``"shortest"``.  A
     valid sample that finished but is longer than those stays unselected (weight 0);
-    samples cut at the length limit fill a group with fewer than M valid; cancelled and
-    DUET-aborted ones never do.  Dual-end: the ``k`` shortest valid samples and
+    samples cut at the length limit fill a group with fewer than M valid; cancelled,
+    DUET-aborted and ARRoL-pruned ones never do.  Dual-end: the ``k`` shortest valid samples and
     the ``size - k`` longest valid ones (never one cut at the length limit,
     Sec. 4.1.2) are selected.  Unselected samples get weight 0.
     """
@@ -136,7 +155,8 @@ def annotate_group(infos: list[RolloutInfo], size: int, k: int,
     lengths = [i.length for i in infos]
     valid = [i.valid for i in infos]
     if early_stop:
-        excluded = [i.reason in (Reason.DARTS_CANCELLED, Reason.DUET_ABORTED) for i in infos]
+        excluded = [i.reason in (Reason.DARTS_CANCELLED, Reason.DUET_ABORTED,
+                                 Reason.ARROL_PRUNED) for i in infos]
         marks = shortest_selection(lengths, valid, size, excluded,
                                    [i.finish_rank for i in infos])
     else:

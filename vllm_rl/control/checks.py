@@ -31,3 +31,21 @@ def check_same_length(**seqs: Sequence[Any]) -> int:
         if size != n:
             raise ValueError(f"{name} must have the same length as {first} ({n}), got {size}")
     return n
+
+
+def settings_of(cls: type, value: Any, keyword: str) -> Any:
+    """An engine-settings dataclass from what ``LLM(keyword=...)`` was given: an instance,
+    ``True`` (the defaults) or a dict of its fields (unknown keys raise ValueError)."""
+    from dataclasses import fields
+
+    if isinstance(value, cls):
+        return value
+    if value is True:
+        return cls()
+    if isinstance(value, dict):
+        known = {f.name for f in fields(cls)}
+        unknown = set(value) - known
+        if unknown:
+            raise ValueError(f"unknown {keyword}= settings {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**value)
+    raise TypeError(f"{keyword}= takes True, a dict or a {cls.__name__}, not {value!r}")

@@ -119,6 +119,18 @@ class StepCost(abc.ABC):
         ``width`` query tokens (verifying ``width - 1`` drafts): for DAS budget policies."""
         return self.uniform_ms(batch, width, context) - self.uniform_ms(batch, 1, context)
 
+    def linear_at(self, batch: float, context: float = 256) -> tuple[float, float]:
+        """Eq. 1 of DAS, ``c_base + c_tok · n_toks``, as the tangent of this model at a
+        decode step of ``batch`` sequences: ``c_tok`` is the cost of one more query token
+        per sequence spread over the batch's tokens, ``(T(B, q=2) − T(B, q=1)) / B``, and
+        ``c_base = T(B, 1) − c_tok · B`` (at least 0).  This is what Eq. 7's budgets need:
+        the price of a verified draft token against the price of a pass, at the batch the
+        engine runs now.  ``c_tok`` is at least 1e-6 ms."""
+        batch = max(1.0, _check_real("batch", batch, lo=0.0))
+        one = self.uniform_ms(batch, 1, context)
+        c_tok = max(1e-6, (self.uniform_ms(batch, 2, context) - one) / batch)
+        return max(0.0, one - c_tok * batch), c_tok
+
     def describe(self) -> str:
         """One line naming the model and its source."""
         return self.name

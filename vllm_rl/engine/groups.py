@@ -24,6 +24,8 @@ class Member:
     group: "GroupState | None" = None
     finish_rank: int | None = None
     duet: "DuetState | None" = None
+    arrol: tuple | None = None  # ARRoL verdict: (score, q, p, pruned, version, hidden)
+    arrol_pending: bool = False  # pruned by its verdict, not yet ended
     draft_proposed: int = 0     # speculative tokens this sample was verified on
     draft_accepted: int = 0     # of which the model accepted (and the sample kept)
     step_accepted: int = 0      # accepted this step, until the update sees what is kept

@@ -8,6 +8,8 @@ schedules synchronously.  A request without RL flags takes exactly
 vLLM's path; a request with flags gets a :class:`~vllm_rl.engine.groups.Member` at
 admission, and per step:
 
+* a sample the worker scored at ``l_detect`` this step (ARRoL: the verdict comes with
+  the step's output, ``ModelRunnerOutput.vllm_rl_arrol``) ends if its coin pruned it;
 * its new tokens pass through the enabled per-sample policy (DUET), which may end it
   (answer complete: trimmed; no marker past ``K2 + G``: aborted unless its coin keeps it);
 * after the step, a group whose M shortest valid samples are known (DARTS early stop,
@@ -30,6 +32,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
+from vllm_rl.arrol.config import check_runner
 from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
 from vllm_rl.engine.policies import darts, duet, markers
 from vllm_rl.engine.trace import TraceMixin
@@ -48,6 +51,7 @@ class RLSchedulerMixin(TraceMixin):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        check_runner(self.vllm_config)      # ARRoL: the capture patch serves the V1 runner
         self.rl_groups = GroupRegistry()
         self.rl_members: dict[str, Member] = {}
         self._stopped_groups: list[GroupState] = []
@@ -56,7 +60,9 @@ class RLSchedulerMixin(TraceMixin):
         # Early-stop groups whose M shortest became known (stopped, or every member had
         # ended by then), and the steps they ran past their M-th valid end: the price
         # of exact shortest-M over stopping at the M-th finish.
-        self.rl_stats = {"groups_stopped": 0, "groups_resolved": 0, "stop_wait_steps": 0}
+        self.rl_stats = {"groups_stopped": 0, "groups_resolved": 0, "stop_wait_steps": 0,
+                         "arrol_scored": 0, "arrol_pruned": 0}
+        self._arrol_pending: list[Member] = []
         self.duet_thresholds: dict[str, duet.OnlineThresholds] = {}
         self._duet_live: dict[str, int] = {}
         self._tokenizer = None
@@ -128,6 +134,11 @@ class RLSchedulerMixin(TraceMixin):
             return new_token_ids, True
         if stopped:
             self._record_end(request, member, _natural_reason(request))
+        elif member.arrol is not None and member.arrol[3] and member.arrol_pending:
+            member.arrol_pending = False
+            request.status = EARLY_END_STATUS
+            self._record_end(request, member, Reason.ARROL_PRUNED)
+            return new_token_ids, True
         elif member.duet is not None:
             action = duet.step(member.duet, request.num_output_tokens,
                                lambda: self.tokenizer.decode(
@@ -142,12 +153,45 @@ class RLSchedulerMixin(TraceMixin):
         if scheduler_output.scheduled_spec_decode_tokens and self.rl_members:
             self._count_drafts(scheduler_output, model_runner_output)
         self.rl_step += 1
+        verdicts = getattr(model_runner_output, "vllm_rl_arrol", None)
+        if verdicts:
+            self._take_verdicts(verdicts)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self._arrol_pending:
+            self._prune_pending(outputs)
         if self._watched:
             self._check_watched()
         if self._stopped_groups:
             self._cancel_stopped_groups(outputs)
         return outputs
+
+    def _take_verdicts(self, verdicts: dict) -> None:
+        """ARRoL verdicts of this step: each sample's first one is kept (a request is
+        scored once); a pruned sample ends at its update in this same step."""
+        for rid, verdict in verdicts.items():
+            member = self.rl_members.get(rid)
+            if member is None or member.flags.arrol is None or member.arrol is not None:
+                continue
+            member.arrol = tuple(verdict)
+            if verdict[3]:
+                member.arrol_pending = True
+                self._arrol_pending.append(member)
+            self.rl_stats["arrol_scored"] += 1
+
+    def _prune_pending(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        """Pruned samples that had no new token this step (a recomputed prefill chunk)
+        end now, like an early-stopped group's members."""
+        pending, self._arrol_pending = self._arrol_pending, []
+        ends = []
+        for member in pending:
+            request = self.requests.get(member.request_id)
+            if not member.arrol_pending or request is None or request.is_finished():
+                continue
+            member.arrol_pending = False
+            self._record_end(request, member, Reason.ARROL_PRUNED)
+            ends.append(member.request_id)
+        if ends:
+            self._finish_now(ends, outputs)
 
     def _check_watched(self) -> None:
         """Stop each watched group whose M shortest valid samples are now known."""
@@ -210,13 +254,16 @@ class RLSchedulerMixin(TraceMixin):
         weight = 1.0
         if state is not None:
             weight = 0.0 if reason is Reason.DUET_ABORTED else state.weight
-            if reason is not Reason.DUET_ABORTED:
+            if reason not in (Reason.DUET_ABORTED, Reason.ARROL_PRUNED):
                 self.duet_thresholds[_duet_kind(state.flags)].observe(request.num_output_tokens)
+        if reason is Reason.ARROL_PRUNED:
+            weight = 0.0
+            self.rl_stats["arrol_pruned"] += 1
         request.stop_reason = RolloutInfo(
             reason=reason, length=request.num_output_tokens, weight=weight,
             group_id=group.flags.id if group else None, finish_rank=member.finish_rank,
             stop=request.stop_reason if reason in (Reason.EOS, Reason.STOP) else None,
-            **_draft_fields(member),
+            **_draft_fields(member), **_arrol_fields(member, reason),
             **(_duet_fields(state) if state is not None else {})).encode()
 
     def _cancel_stopped_groups(self, outputs: dict[int, EngineCoreOutputs]) -> None:
@@ -228,26 +275,39 @@ class RLSchedulerMixin(TraceMixin):
                 request = self.requests.get(member.request_id)
                 if request is not None:
                     _write_cancel_record(request, member)
-            for request in self.finish_requests(
-                    [m.request_id for m in members], EARLY_END_STATUS):
-                eco = outputs.get(request.client_index)
-                if eco is None:
-                    eco = outputs[request.client_index] = EngineCoreOutputs()
-                eco.outputs.append(EngineCoreOutput(
-                    request_id=request.request_id,
-                    new_token_ids=[],
-                    finish_reason=request.get_finished_reason(),
-                    stop_reason=request.stop_reason,
-                    events=request.take_events(),
-                    trace_headers=request.trace_headers,
-                ))
+            self._finish_now([m.request_id for m in members], outputs)
+
+    def _finish_now(self, request_ids: list[str], outputs: dict[int, EngineCoreOutputs]) -> None:
+        """End these requests now (records already written): free their blocks through
+        vLLM's ``finish_requests`` and emit their final output."""
+        for request in self.finish_requests(request_ids, EARLY_END_STATUS):
+            eco = outputs.get(request.client_index)
+            if eco is None:
+                eco = outputs[request.client_index] = EngineCoreOutputs()
+            eco.outputs.append(EngineCoreOutput(
+                request_id=request.request_id,
+                new_token_ids=[],
+                finish_reason=request.get_finished_reason(),
+                stop_reason=request.stop_reason,
+                events=request.take_events(),
+                trace_headers=request.trace_headers,
+            ))
 
 
 def _write_cancel_record(request: Request, member: Member) -> None:
     request.stop_reason = RolloutInfo(
         reason=Reason.DARTS_CANCELLED, length=request.num_output_tokens, weight=0.0,
         group_id=member.group.flags.id if member.group else None, **_draft_fields(member),
+        **_arrol_fields(member, Reason.DARTS_CANCELLED),
         **(_duet_fields(member.duet) if member.duet is not None else {})).encode()
+
+
+def _arrol_fields(member: Member, reason: Reason) -> dict:
+    if member.arrol is None:
+        return {}
+    score, q, p, _, version, hidden = member.arrol
+    return {"score": score, "q": q, "p": p, "head_version": version,
+            "pruned": reason is Reason.ARROL_PRUNED, "hidden": hidden}
 
 
 def _draft_fields(member: Member) -> dict:

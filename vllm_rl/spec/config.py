@@ -17,7 +17,7 @@ import hashlib
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from vllm_rl.flags import MAX_DRAFT, FlagError
+from vllm_rl.flags import DAS_POLICIES, MAX_DRAFT, FlagError
 
 PROPOSER = "vllm_rl.spec.proposer.DASProposer"
 CONFIG_KEY = "vllm_rl_das"
@@ -33,20 +33,27 @@ class DASConfig:
     front of each rollout so the first output tokens have a context to match.
 
     Budgets (Sec. 4.2): ``budget`` is b (medium class b, long 2b), ``min_prob`` the
-    draft cutoff.  ``full_batch``/``off_batch``: drafting runs at full budget up to
-    ``full_batch`` running requests, is scaled down linearly above and switched off at
-    ``off_batch`` (verification cost grows with the tokens of a forward pass, Eq. 1-2).
-    Measured on the 2-core CPU with the embedded model (``benchmarks/das_batch.py``),
-    drafting gained 3.8x tokens/s at B = 1, 1.24x at 64, 1.11x at 256 and 1.17x at 512,
-    so the defaults never cut budgets below 256 running requests; lower them where
-    verification costs more (a GPU at large batch), after measuring there.
-    ``batch_cap="cost"`` replaces that linear cap with one derived from the engine's
-    step-cost model (``vllm_rl.LLM(cost=...)``, :mod:`vllm_rl.cost`): each step drafts the
-    length that makes the step cheapest per generated token at its batch size and
-    context (:func:`vllm_rl.control.das.cost_cap`).
+    draft cutoff.  ``policy`` is the budget policy of a request whose flags name none.
+
+    The batch cap (Sec. 4.2.1) scales budgets with the batch.  ``batch_cap="cost"`` (the
+    default) derives it from the engine's step-cost model (``vllm_rl.LLM(cost=...)``,
+    :mod:`vllm_rl.cost`; fitted online when none is named): each step drafts the length
+    that makes the step cheapest per generated token at its batch size and context
+    (:func:`vllm_rl.control.das.cost_cap`), so a memory-bound GPU drafts at full budget
+    on small batches and not at all on a full one.  ``batch_cap="linear"`` is the fixed
+    rule: full budget up to ``full_batch`` running requests, scaled down linearly above,
+    off at ``off_batch`` (measured on the 2-core CPU with ``benchmarks/das_batch.py``:
+    drafting gained 3.8x tokens/s at B = 1, 1.24x at 64, 1.11x at 256).
+    Projected on the H100 table for the held-out step (``benchmarks/gpu_step.py``, 64
+    prompts, n = 8, Qwen3-8B shape) against stock vLLM: fixed + cost cap 1.27x, class +
+    cost cap 1.10x, optimal + cost cap 1.00x, fixed + linear cap 0.96x: hence the
+    defaults ``policy="fixed"``, ``batch_cap="cost"``.
     ``c_base_ms``/``c_tok_ms`` are Eq. 1's per-pass and per-token costs used by the
-    ``optimal`` policy (Eq. 6-7); the defaults are the PTL fit of this CPU engine
-    (``benchmarks/ptl.py``: 2.4-2.8 ms at batch 1-4, about 0.13 ms per added sequence).  ``round_horizon`` rounds in T_short's moving average,
+    ``optimal`` policy (Eq. 6-7) when the cost model cannot answer (an online model
+    before its first fit); otherwise Eq. 7 reads the cost model linearised at the step's
+    batch and context (:meth:`vllm_rl.cost.StepCost.linear_at`).  The defaults are the
+    PTL fit of this CPU engine (``benchmarks/ptl.py``: 2.4-2.8 ms at batch 1-4, about
+    0.13 ms per added sequence).  ``round_horizon`` rounds in T_short's moving average,
     ``history`` final lengths kept for the class posterior.
     """
 
@@ -58,7 +65,8 @@ class DASConfig:
     prompt_tail: int = 16
     full_batch: int = 256
     off_batch: int = 1024
-    batch_cap: str = "linear"
+    policy: str = "fixed"
+    batch_cap: str = "cost"
     c_base_ms: float = 2.5
     c_tok_ms: float = 0.13
     round_horizon: int = 16
@@ -79,6 +87,8 @@ class DASConfig:
         if self.prompt_tail < 0 or min(self.round_horizon, self.history, self.stats_rounds) < 1:
             raise ValueError("DASConfig: prompt_tail >= 0; round_horizon, history, "
                              "stats_rounds >= 1")
+        if self.policy not in DAS_POLICIES:
+            raise ValueError(f"DASConfig.policy={self.policy!r}: allowed one of {DAS_POLICIES}")
         if self.batch_cap not in ("linear", "cost"):
             raise ValueError(f"DASConfig.batch_cap={self.batch_cap!r}: allowed 'linear', 'cost'")
         if self.c_base_ms < 0 or self.c_tok_ms <= 0:
@@ -90,17 +100,9 @@ class DASConfig:
 
     @classmethod
     def of(cls, value: "DASConfig | dict | bool") -> "DASConfig":
-        if isinstance(value, DASConfig):
-            return value
-        if value is True:
-            return cls()
-        if isinstance(value, dict):
-            known = {f.name for f in fields(cls)}
-            unknown = set(value) - known
-            if unknown:
-                raise ValueError(f"unknown DAS settings {sorted(unknown)}; known: {sorted(known)}")
-            return cls(**value)
-        raise TypeError(f"das= takes True, a dict or a DASConfig, not {value!r}")
+        from vllm_rl.control.checks import settings_of
+
+        return settings_of(cls, value, "das")
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any) -> "DASConfig | None":
@@ -155,3 +157,5 @@ def check_engine(canonical: dict[str, Any], vllm_config: Any) -> None:
     if das.get("budget") is not None and das["budget"] > cfg.budget:
         raise FlagError("das.budget", f"value {das['budget']} above the engine's b={cfg.budget}",
                         f"int in [0, {cfg.budget}]")
+    if das.get("policy") is None:
+        das["policy"] = cfg.policy          # the request's record names the policy it ran

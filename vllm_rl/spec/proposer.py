@@ -55,6 +55,11 @@ from vllm_rl.spec.suffix_tree import draft_many
 logger = init_logger(__name__)
 
 CLASS_CHECK_EVERY = 8    # tokens between length-class updates of a request
+# The cost cap reads the acceptance of recent verifications; when it has drafted nothing
+# for PROBE_EVERY steps (the trees may have grown since), one step drafts at full length
+# for at most PROBE_ROWS requests: fresh evidence at the price of a few wider rows.
+PROBE_EVERY = 16
+PROBE_ROWS = 8
 
 
 @dataclass
@@ -74,6 +79,7 @@ class RequestState:
     generated: int = 0                  # output tokens fed so far
     steps: int = 0                      # forward passes that gave it tokens
     stop_ids: frozenset = frozenset()   # token ids that end it (EOS and stop tokens)
+    budget_policy: str = "fixed"        # the budget policy (flags, else the engine's)
     done: bool = False                  # sealed: a natural end was seen
     est: policy.AcceptanceEstimate = field(default_factory=policy.AcceptanceEstimate)
 
@@ -117,6 +123,8 @@ class DASProposer:
         # Only the cost cap reads the model: fit it online only when that is in use.
         self._online = cfg.batch_cap == "cost" and isinstance(self.cost, OnlineCost)
         self._t_step: float | None = None
+        self._batch, self._context = 0, 0.0    # this step's batch and mean context
+        self._undrafted = 0                     # steps the cost cap has drafted nothing
 
     # ------------------------------------------------------------------ vLLM hooks
     def load_model(self, *args, **kwargs) -> None:
@@ -147,7 +155,7 @@ class DASProposer:
             drafted = sum(1 for t in spec.get(rid, ()) if t >= 0)
             if drafted:
                 acc = len(sampled) - 1
-                if st.flags.policy == "optimal":       # Eq. 3's online estimate
+                if st.budget_policy == "optimal":             # Eq. 3's online estimate
                     st.est.observe(drafted, acc, len(sampled))
                 p = self.store.problems.get(st.problem)
                 if p is not None:
@@ -162,8 +170,17 @@ class DASProposer:
             return drafts
         if self._online:
             self._observe_step(sched, req_ids, num_tokens_no_spec)
+        self._batch = len(req_ids)
+        self._context = float(np.sum(num_tokens_no_spec[:self._batch])) / max(self._batch, 1)
         if self.cfg.batch_cap == "cost":
             cap, k_cap = 1.0, self._cost_cap(len(req_ids), len(live), num_tokens_no_spec)
+            if k_cap == 0:
+                self._undrafted += 1
+                if self._undrafted >= PROBE_EVERY:       # fresh acceptance evidence
+                    self._undrafted, k_cap = 0, self.k_max
+                    live = live[:PROBE_ROWS]
+            else:
+                self._undrafted = 0
         else:
             cap = policy.batch_cap(len(req_ids), self.cfg.full_batch, self.cfg.off_batch)
             k_cap = self.k_max
@@ -188,7 +205,7 @@ class DASProposer:
     def _cost_cap(self, batch: int, drafting: int, num_tokens_no_spec) -> int:
         """Sec. 4.2.1's batch cap from the step-cost model: the draft length that makes
         this step cheapest per generated token (:func:`policy.cost_cap`)."""
-        context = float(np.sum(num_tokens_no_spec[:batch])) / max(batch, 1)
+        context = self._context
         recent = list(islice(reversed(self.verify_log), 64))
         prop = sum(x[1] for x in recent)
         acc = sum(x[2] for x in recent)
@@ -230,7 +247,7 @@ class DASProposer:
             problem=problem, seq=seq, flags=flags, max_tokens=max_tokens, budget=b,
             min_prob=self.cfg.min_prob if flags.min_prob is None else flags.min_prob,
             init_class=init, length_class=init, class_budget=self.classes.budget(init, b),
-            stop_ids=frozenset(stop_ids))
+            stop_ids=frozenset(stop_ids), budget_policy=flags.policy or self.cfg.policy)
 
     def _feed(self, st: RequestState, sampled: list[int], num_tokens: int) -> bool:
         """Extend the rollout with this step's tokens; seal it at a natural end (the
@@ -289,11 +306,11 @@ class DASProposer:
     # ------------------------------------------------------------------ budgets
     def _budgets(self, live: list[tuple[int, RequestState]], cap: float) -> list[int]:
         out = [0] * len(live)
-        optimal = [j for j, (_, st) in enumerate(live) if st.flags.policy == "optimal"]
+        optimal = [j for j, (_, st) in enumerate(live) if st.budget_policy == "optimal"]
         for j, (_, st) in enumerate(live):
-            if st.flags.policy == "fixed":
+            if st.budget_policy == "fixed":
                 out[j] = 2 * st.budget
-            elif st.flags.policy == "class":
+            elif st.budget_policy == "class":
                 if st.generated >= st.next_check and st.length_class != policy.LONG:
                     st.next_check = st.generated + CLASS_CHECK_EVERY
                     new = self.classes.update(st.length_class, st.generated, st.init_class,
@@ -317,10 +334,18 @@ class DASProposer:
             k, a = policy.estimate_k_alpha(st.est)
             ks.append(k)
             alphas.append(a)
-        n_fwd, totals = policy.optimal_budgets(ls, ks, alphas, self.cfg.c_base_ms,
-                                               self.cfg.c_tok_ms)
+        c_base, c_tok = self._eq1_costs(self._batch)
+        n_fwd, totals = policy.optimal_budgets(ls, ks, alphas, c_base, c_tok)
         for j, p in zip(idx, totals):
             out[j] = policy.step_budget(p, max(n_fwd, 1.0), 2 * live[j][1].budget)
+
+    def _eq1_costs(self, batch: int) -> tuple[float, float]:
+        """Eq. 1's (c_base, c_tok) for Eq. 7: the cost model linearised at this step's
+        batch (:meth:`StepCost.linear_at`), or the configured constants while an online
+        model has not been fitted yet."""
+        if isinstance(self.cost, OnlineCost) and not self.cost.fitted and self.cost.prior is None:
+            return self.cfg.c_base_ms, self.cfg.c_tok_ms
+        return self.cost.linear_at(batch, self._context)
 
     def _expected_remaining(self, st: RequestState) -> float:
         longer = [n for n in self.store.lengths(st.problem) if n > st.generated]

@@ -18,12 +18,11 @@ policy only decides; the scheduler ends the request.
 from __future__ import annotations
 
 import enum
-import hashlib
-import random
 from collections import deque
 from dataclasses import dataclass, field
 
 from vllm_rl.control.duet import percentile
+from vllm_rl.engine.policies import seeded_uniform
 from vllm_rl.engine.policies.markers import Detector
 from vllm_rl.flags import DuetFlags
 
@@ -67,13 +66,7 @@ def seeded_coin(seed: int | None, prompt_token_ids, request_id: str) -> float:
     share a seed across prompts still get independent coins; an unseeded request draws
     it from its (random) request id.
     """
-    h = hashlib.blake2b(digest_size=8)
-    if seed is None:
-        h.update(f"duet-coin:{request_id}".encode())
-    else:
-        h.update(f"duet-coin:{seed}:".encode())
-        h.update(",".join(map(str, prompt_token_ids or ())).encode())
-    return random.Random(int.from_bytes(h.digest(), "little")).random()
+    return seeded_uniform("duet-coin", seed, prompt_token_ids, request_id)
 
 
 def step(state: DuetState, num_tokens: int, text_of_tail) -> Action | None:

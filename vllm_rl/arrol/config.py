@@ -1,0 +1,108 @@
+"""ARRoL engine settings, submission checks and the model-runner check."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from vllm_rl.flags import FlagError
+
+CONFIG_KEY = "vllm_rl_arrol"          # additional_config key of an ARRoL engine
+WORKER_EXTENSION = "vllm_rl.worker.RLWorkerExtension"
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+@dataclass(frozen=True)
+class ArrolConfig:
+    """The quality head an ARRoL engine starts with (Sec. 4.2, App. A.4).
+
+    ``head``: the head's state as :meth:`vllm_rl.control.arrol.QualityHead.export`
+    writes it (a dict, or the path of a JSON file holding one); left out, the engine
+    starts with a head initialised from ``seed`` (``width`` hidden units, ``activation``)
+    — the untrained head of a trainer's first step.  ``calibration``: a
+    :class:`vllm_rl.engine.policies.arrol.Calibration` as a dict; left out, the engine
+    is in its cold start: samples are scored and recorded, never pruned (the paper's
+    first 20 steps), until the trainer pushes one with ``arrol_update``.
+    """
+
+    head: Any = None
+    calibration: dict | None = None
+    width: int = 128
+    activation: str = "relu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.activation not in ("relu", "gelu"):
+            raise ValueError(f"ArrolConfig.activation={self.activation!r}: allowed 'relu', 'gelu'")
+        if not 1 <= self.width <= 4096:
+            raise ValueError(f"ArrolConfig.width={self.width}: allowed int in [1, 4096]")
+        if self.calibration is not None:
+            from vllm_rl.engine.policies.arrol import Calibration
+
+            Calibration.from_dict(self.calibration)      # a bad one fails at start
+
+    @classmethod
+    def of(cls, value: "ArrolConfig | dict | bool") -> "ArrolConfig":
+        from vllm_rl.control.checks import settings_of
+
+        return settings_of(cls, value, "arrol")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        head = d["head"]
+        if head is not None and not isinstance(head, (str, dict)):
+            raise TypeError("ArrolConfig.head: a state dict (QualityHead.export) or a JSON path")
+        return d
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> "ArrolConfig | None":
+        extra = getattr(vllm_config, "additional_config", None) or {}
+        value = extra.get(CONFIG_KEY)
+        return None if value is None else cls.of(dict(value))
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        return {"additional_config": {CONFIG_KEY: self.to_dict()},
+                "worker_extension_cls": WORKER_EXTENSION}
+
+
+def use_v1_runner() -> None:
+    """Select vLLM's V1 model runner for engines started from now on in this process
+    (and the processes it spawns): the runner ``patches/arrol_capture.py`` patches."""
+    os.environ[RUNNER_ENV] = "0"
+
+
+@contextlib.contextmanager
+def v1_runner_env():
+    """:func:`use_v1_runner` while an engine starts, the environment restored after."""
+    old = os.environ.get(RUNNER_ENV)
+    os.environ[RUNNER_ENV] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(RUNNER_ENV, None)
+        else:
+            os.environ[RUNNER_ENV] = old
+
+
+def check_runner(vllm_config: Any) -> None:
+    """Refuse to start an ARRoL engine on a model runner the capture patch does not
+    serve (Model Runner V2): it would score nothing, silently."""
+    if CONFIG_KEY not in (getattr(vllm_config, "additional_config", None) or {}):
+        return
+    if getattr(vllm_config, "use_v2_model_runner", False):
+        raise RuntimeError(
+            "ARRoL needs vLLM's V1 model runner (patches/arrol_capture.py patches "
+            "GPUModelRunner.sample_tokens), but this engine runs Model Runner V2; start it "
+            f"with {RUNNER_ENV}=0 (vllm_rl.LLM(arrol=...) and vllm_rl.serve set it)")
+
+
+def check_engine(canonical: dict[str, Any], vllm_config: Any) -> None:
+    """Reject, at submission, ARRoL flags on an engine without a quality head."""
+    if canonical.get("arrol") is None:
+        return
+    if CONFIG_KEY not in (getattr(vllm_config, "additional_config", None) or {}):
+        raise FlagError("arrol", "this engine was started without an ARRoL quality head",
+                        "an engine started with vllm_rl.LLM(arrol=...), "
+                        "engine_args(arrol=...) or vllm_rl.serve --arrol")

@@ -1,0 +1,266 @@
+"""The quality head on the worker: score each sample in the step that computes its
+``l_detect``-th token, and decide its survival (Alg. 1 l.15-19; App. A.4).
+
+Which row: a sample with ``arrol.l_detect = L`` and a prompt of ``n`` tokens is scored
+from the final-norm hidden state at position ``P = n + L - 1``, its ``L``-th generated
+token, in the step whose query covers ``P``.  That step is the one after the token was
+sampled (a token's hidden state is computed when it is the input), or the step that
+verifies it as an accepted draft (DAS): a draft position counts only if every draft up
+to it was accepted, since only then is the token there the sample's own.  A preempted
+sample recomputed from its prompt is never scored twice (each request id once).  A
+sample whose ``L``-th token ends it is never computed at ``P`` and is not scored:
+nothing is left to prune.
+
+What: every scored row of a step goes through the head in one call
+(:func:`vllm_rl.kernels.score_rows`: Triton on CUDA, PyTorch on the CPU); with the
+calibration pushed by the trainer the score becomes q (Eq. 1 and Bayes) and p (Eq. 2),
+and the sample's coin (its seed and prompt, :func:`policies.arrol.prune_coin`) prunes
+it with probability 1 - p.  Without a calibration (cold start) it is scored, not pruned.
+
+Where the verdicts go: ``ModelRunnerOutput.vllm_rl_arrol`` ``{request id: verdict
+tuple}``, read by the scheduler in the same step (:mod:`vllm_rl.engine.scheduler`).
+The output object crosses vLLM's multiprocess executor by pickling, attribute included.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm_rl.arrol.config import ArrolConfig
+from vllm_rl.engine.policies import arrol as rule
+from vllm_rl.flags import KEY, ArrolFlags, parse
+
+OUTPUT_ATTR = "vllm_rl_arrol"
+
+
+@dataclass(frozen=True)
+class Head:
+    """One immutable head + calibration; replaced whole by an update, so a step never
+    sees half of one (``version`` names it in every record)."""
+
+    w1: torch.Tensor
+    b1: torch.Tensor
+    w2: torch.Tensor
+    b2: torch.Tensor
+    activation: str
+    calibration: rule.Calibration | None
+    version: int
+
+
+@dataclass
+class Candidate:
+    request_id: str
+    owner: Any                 # the runner's CachedRequestState (request ids can be reused)
+    flags: ArrolFlags
+    needs_accept: int          # 0: a real token; j > 0: the j-th draft, real if accepted
+    score: float
+    hidden: torch.Tensor | None
+    coin: float
+
+
+@dataclass
+class Plan:
+    head: Head
+    rows: list[Candidate]
+
+
+def encode_hidden(h: torch.Tensor) -> str:
+    """Base64 of the float32 little-endian vector (how a hidden state travels)."""
+    return base64.b64encode(h.detach().float().cpu().contiguous().numpy().astype("<f4")
+                            .tobytes()).decode("ascii")
+
+
+def decode_hidden(text: str):
+    import numpy as np
+
+    return np.frombuffer(base64.b64decode(text), dtype="<f4")
+
+
+def _tensor(x: Any, shape: tuple[int, ...], name: str, device, dtype=torch.float32):
+    t = torch.as_tensor(x, dtype=dtype)
+    if tuple(t.shape) != shape:
+        raise ValueError(f"ARRoL head '{name}': shape {tuple(t.shape)}, expected {shape}")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"ARRoL head '{name}': non-finite values")
+    return t.to(device)
+
+
+def load_head_state(head: Any) -> dict:
+    """A head state from a dict or the path of a JSON file holding one."""
+    if isinstance(head, (str, bytes)) or hasattr(head, "__fspath__"):
+        with open(head) as f:
+            return json.load(f)
+    if not isinstance(head, dict):
+        raise ValueError("ARRoL head: a state dict (QualityHead.export) or a JSON path")
+    return head
+
+
+class HeadScorer:
+    """Per model runner: the current :class:`Head` and which requests were scored."""
+
+    def __init__(self, cfg: ArrolConfig, hidden_size: int, device) -> None:
+        self.hidden_size = hidden_size
+        self.device = device
+        self.cfg = cfg
+        self._scored: dict[str, Any] = {}          # request id -> owner it was scored as
+        self._flags: dict[str, tuple[Any, ArrolFlags | None]] = {}
+        self.scored_total = 0
+        self.pruned_total = 0
+        self.scored_at_draft = 0            # scored at an accepted draft position (DAS)
+        if cfg.head is not None:
+            state = load_head_state(cfg.head)
+        else:
+            from vllm_rl.control.arrol import QualityHead
+
+            torch.manual_seed(cfg.seed)
+            state = QualityHead(hidden_size, cfg.width, cfg.activation).export(0)
+        self.head = self._build(state, cfg.calibration, version=int(state.get("version", 0)))
+
+    @classmethod
+    def for_runner(cls, runner) -> "HeadScorer":
+        cfg = ArrolConfig.from_vllm_config(runner.vllm_config)
+        return cls(cfg, runner.model_config.get_hidden_size(), runner.device)
+
+    # ------------------------------------------------------------------ updates
+    def _build(self, state: dict, calibration: Any, version: int) -> Head:
+        from vllm_rl.control.arrol import check_head_state
+
+        check_head_state(state, hidden_size=self.hidden_size)
+        width = int(state["width"])
+        cal = calibration
+        if isinstance(cal, dict):
+            cal = rule.Calibration.from_dict(cal)
+        return Head(
+            w1=_tensor(state["w1"], (width, self.hidden_size), "w1", self.device),
+            b1=_tensor(state["b1"], (width,), "b1", self.device),
+            w2=_tensor(state["w2"], (width,), "w2", self.device),
+            b2=_tensor(state["b2"], (), "b2", self.device),
+            activation=state["activation"], calibration=cal, version=version)
+
+    def update(self, head: Any = None, calibration: Any = None, cold_start: bool = False,
+               version: int | None = None) -> int:
+        """Replace the head and/or the calibration between steps; returns the version.
+
+        ``head=None`` keeps the weights, ``calibration=None`` keeps the calibration,
+        ``cold_start=True`` drops it (score only).  Everything is checked before the
+        swap: a bad update raises and leaves the current head serving.
+        """
+        cur = self.head
+        if cold_start and calibration is not None:
+            raise ValueError("arrol_update: cold_start=True and a calibration together")
+        new_version = cur.version + 1 if version is None else int(version)
+        if head is not None:
+            state = load_head_state(head)
+            nxt = self._build(state, None, new_version)
+        else:
+            nxt = Head(cur.w1, cur.b1, cur.w2, cur.b2, cur.activation, None, new_version)
+        cal = cur.calibration
+        if cold_start:
+            cal = None
+        elif calibration is not None:
+            cal = calibration if isinstance(calibration, rule.Calibration) else \
+                rule.Calibration.from_dict(calibration)
+        self.head = Head(nxt.w1, nxt.b1, nxt.w2, nxt.b2, nxt.activation, cal, new_version)
+        return new_version
+
+    def info(self) -> dict[str, Any]:
+        h = self.head
+        return {"version": h.version, "hidden_size": self.hidden_size,
+                "width": int(h.w1.shape[0]), "activation": h.activation,
+                "calibrated": h.calibration is not None,
+                "calibration": h.calibration.to_dict() if h.calibration else None,
+                "scored": self.scored_total, "pruned": self.pruned_total,
+                "scored_at_draft": self.scored_at_draft}
+
+    # ------------------------------------------------------------------ per step
+    def _flags_of(self, runner, rid: str) -> tuple[Any, ArrolFlags | None]:
+        owner = runner.requests.get(rid)
+        cached = self._flags.get(rid)
+        if cached is not None and cached[0] is owner:
+            return cached
+        flags = None
+        extra = getattr(getattr(owner, "sampling_params", None), "extra_args", None) or {}
+        raw = extra.get(KEY)
+        if isinstance(raw, dict) and raw.get("arrol") is not None:
+            try:
+                flags = parse(raw).arrol
+            except (TypeError, ValueError):      # not canonical: the front end was bypassed
+                flags = None
+        self._flags[rid] = (owner, flags)
+        return owner, flags
+
+    def plan(self, runner, state) -> Plan | None:
+        """Before sampling: the rows whose ``l_detect``-th token this step computes,
+        scored in one call.  Acceptance of draft rows is settled in :meth:`finish`."""
+        so = state.scheduler_output
+        batch = runner.input_batch
+        n_reqs = batch.num_reqs
+        if len(self._flags) > 4 * n_reqs + 256:
+            self._forget(runner)
+        spec = so.scheduled_spec_decode_tokens or {}
+        found: list[tuple[int, str, Any, ArrolFlags, int]] = []
+        for i, rid in enumerate(batch.req_ids[:n_reqs]):
+            owner, flags = self._flags_of(runner, rid)
+            if flags is None or self._scored.get(rid) is owner:
+                continue
+            n = so.num_scheduled_tokens.get(rid, 0)
+            off = int(batch.num_prompt_tokens[i]) + flags.l_detect - 1 \
+                - int(batch.num_computed_tokens_cpu[i])
+            if not 0 <= off < n:
+                continue
+            real = n - len(spec.get(rid, ()))
+            found.append((int(runner.query_start_loc.np[i]) + off, rid, owner, flags,
+                          max(0, off - real + 1)))
+        if not found:
+            return None
+        head = self.head
+        from vllm_rl.kernels import score_rows
+
+        rows = torch.tensor([f[0] for f in found], dtype=torch.int64,
+                            device=state.hidden_states.device)
+        scores = score_rows(state.hidden_states, rows, head.w1, head.b1, head.w2, head.b2,
+                            head.activation).tolist()
+        want = [j for j, f in enumerate(found) if f[3].return_hidden]
+        hidden = {}
+        if want:
+            picked = state.hidden_states[rows[want]].float().cpu()
+            hidden = {j: picked[k] for k, j in enumerate(want)}
+        out = []
+        for j, (_, rid, owner, flags, needs) in enumerate(found):
+            params = owner.sampling_params
+            coin = rule.prune_coin(params.seed, owner.prompt_token_ids, rid)
+            out.append(Candidate(rid, owner, flags, needs, float(scores[j]), hidden.get(j), coin))
+        return Plan(head, out)
+
+    def finish(self, plan: Plan, out) -> None:
+        """After sampling: keep the rows whose token is the sample's own, decide, and
+        attach the verdicts to the step's output."""
+        mro = getattr(out, "_model_runner_output", out)
+        sampled = getattr(mro, "sampled_token_ids", None)
+        index = getattr(mro, "req_id_to_index", None) or {}
+        verdicts = {}
+        for c in plan.rows:
+            if c.needs_accept:
+                i = index.get(c.request_id)
+                if out is not mro or i is None or not sampled or i >= len(sampled):
+                    continue          # async output: acceptance unknown here (not a DAS engine)
+                if len(sampled[i]) - 1 < c.needs_accept:
+                    continue          # that draft was rejected: the real token comes next step
+            v = rule.decide(c.score, plan.head.calibration, c.flags, c.coin)
+            self._scored[c.request_id] = c.owner
+            self.scored_total += 1
+            self.scored_at_draft += c.needs_accept > 0
+            self.pruned_total += bool(v.pruned)
+            verdicts[c.request_id] = (v.score, v.q, v.p, v.pruned, plan.head.version,
+                                      encode_hidden(c.hidden) if c.hidden is not None else None)
+        if verdicts:
+            setattr(mro, OUTPUT_ATTR, verdicts)
+
+    def _forget(self, runner) -> None:
+        live = runner.requests
+        self._flags = {r: v for r, v in self._flags.items() if r in live}
+        self._scored = {r: v for r, v in self._scored.items() if r in live}
