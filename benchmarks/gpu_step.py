@@ -23,7 +23,10 @@ Configurations (stock ones on stock vLLM's scheduler with the trace only):
 - ``stock-8``: n = 8, the baseline every ratio is against (``stock-16``: n = 16);
 - ``darts-16``: M' = 16, keep the 8 shortest, exact early stop;
 - ``darts-adaptive``: M' per prompt from Alg. 1 / App. B with the cost slope k of Eq. 6
-  from the table's PTL (``plan``), fed by the previous step's lengths;
+  from the table's PTL (``plan``), fed by the previous step's lengths; the total budget
+  is the one whose plan has the smallest Eq. 4 step cost on the table
+  (``control.darts.choose_budget``; 1.0 = no redundancy, when the batch is past the
+  flat part of the GPU's step-cost curve);
 - ``duet``: n = 8 with the marker gate;
 - ``das-class`` / ``das-fixed`` / ``das-optimal``: n = 8, each DAS budget policy, all
   under the engine's cost-model batch cap (``DASConfig.batch_cap="cost"``);
@@ -201,8 +204,17 @@ ENGINE_OF = {"stock-8": "stock", "stock-16": "stock", "darts-16": "rl", "darts-a
 ALL = list(ENGINE_OF)
 
 
-def darts_plan(lengths_by_prompt, m, costs, lam_budget: float):
-    """Alg. 1 / App. B from the previous step's lengths, k of Eq. 6 from the table's PTL."""
+BUDGETS = (1.0, 1.125, 1.25, 1.5, 2.0)   # total budgets (x M N) the auto choice weighs
+
+
+def darts_plan(lengths_by_prompt, m, costs, lam_budget: str, max_tokens: int):
+    """Alg. 1 / App. B from the previous step's lengths, k of Eq. 6 from the table's PTL.
+
+    The total budget: ``lam_budget`` (x M N), or ``"auto"``: the candidate in
+    :data:`BUDGETS` whose plan has the smallest Eq. 4 step cost on the table's PTL
+    (:func:`vllm_rl.control.darts.choose_budget`) -- redundancy only where the hardware
+    makes the cut tail worth the wider batch.
+    """
     from vllm_rl.control import darts
 
     stats = darts.LengthStats()
@@ -214,8 +226,18 @@ def darts_plan(lengths_by_prompt, m, costs, lam_budget: float):
     n = len(lengths_by_prompt)
     ptl = cost.ptl(statistics.fmean(flat))
     k = darts.cost_slope(ptl, flat, m, n)
-    lam = darts.lambda_for_budget(stats.rho(), k, lam_budget * m * n) if lam_budget else 1.0
-    return darts.plan(list(range(n)), stats, m, lam, k), k
+
+    def plan_for(budget: float):
+        lam = darts.lambda_for_budget(stats.rho(), k, budget * m * n)
+        return darts.plan(list(range(n)), stats, m, lam, k)
+
+    if lam_budget == "auto":
+        budget, _, _ = darts.choose_budget(
+            BUDGETS, lambda b: [p.n for p in plan_for(b)], lengths_by_prompt, m, ptl,
+            max_tokens)
+    else:
+        budget = float(lam_budget)
+    return plan_for(budget), k, budget
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -228,11 +250,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--table", default="h100", help="step-cost table (vllm_rl.cost.load_cost)")
     ap.add_argument("--das-budget", type=int, default=4, help="DAS engine's b (2b drafts)")
-    ap.add_argument("--darts-budget", type=float, default=1.25,
-                    help="darts-adaptive: calibrate lambda so today's rho gives this x M N")
+    ap.add_argument("--darts-budget", default="1.25",
+                    help="darts-adaptive and all: total budget x M N, or 'auto': the one "
+                         "whose plan has the smallest Eq. 4 step cost on the table (its "
+                         "predictor is optimistic about cut tails: see the README)")
     ap.add_argument("--configs", default=",".join(ALL))
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
     args = ap.parse_args(argv)
+    _quiet(args.out)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     from tqdm import tqdm
@@ -263,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     duet = {"k1": round(percentile(kept_prev, 30)), "k2": round(percentile(kept_prev, 80)),
             "grace": max(1, round(150 * args.max_tokens / 3072)), "eps": 0.05,
             "pattern": TASK_MARKER}
-    plan, k_cost = darts_plan(lengths, args.m, costs, args.darts_budget)
+    plan, k_cost, budget = darts_plan(lengths, args.m, costs, args.darts_budget,
+                                      args.max_tokens)
     runs = []
     for name in tqdm(names, desc="configurations", unit="step"):
         run = run_config(llms[ENGINE_OF[name]], name, prompts, plan, duet, args, costs)
@@ -284,7 +310,8 @@ def main(argv: list[str] | None = None) -> None:
           f"costs, no host overhead); ratios are speed-ups over stock-8 (>1 is faster)")
     print(f"duet flags {duet}; darts-adaptive M' per prompt: mean "
           f"{statistics.fmean(p.n for p in plan):.2f} (min {min(p.n for p in plan)}, max "
-          f"{max(p.n for p in plan)}), Eq. 6 k = {k_cost:.4g} ms/sample")
+          f"{max(p.n for p in plan)}), total budget {budget:g} x M N "
+          f"({args.darts_budget}), Eq. 6 k = {k_cost:.4g} ms/sample")
     print_table(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -336,6 +363,7 @@ def plot(runs: list[StepRun], costs, path: Path) -> None:
     ax1.set_xlabel("projected GPU time of the step, s (H100 table)")
     ax1.legend(loc="lower right", fontsize=8)
     ax1.set_title("one rollout step, M = 8 kept per prompt (projection)")
+    ax2.set_prop_cycle(color=plt.cm.tab20.colors)          # a distinct colour per run
     for r in runs:
         ax2.plot(r.batch_profile, label=r.config, lw=1)
     ax2.set_xlabel("engine step")
@@ -345,6 +373,15 @@ def plot(runs: list[StepRun], costs, path: Path) -> None:
     ax2.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+
+def _quiet(out: str) -> None:
+    if "vllm" not in sys.modules:           # a suite run from rollout.py is already quiet
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from quiet import vllm_log_to
+
+        vllm_log_to(Path(out) / "vllm.log")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ The ``step`` suite (below) times one rollout step of DARTS and DUET; the ``das``
 speculative methods, since a drafter built from past rollouts needs past rollouts.
 The ``arrol`` suite (:mod:`arrol`) trains ARRoL's quality head from the engine's hidden
 states, reports its signal at ``l_detect`` and one rollout step with pruning.
-``--suite all`` (the default) runs the three, one after the other.  The step suite runs
-its engines in-process (the fair comparison on 2 cores) and records every engine step,
-so each row also gives the projected H100 time of the same steps (a projection).
+``--suite all`` (the default) runs the three, one after the other.  With ``--project`` the
+step suite runs its engines in-process with the step trace, and each row also gives the
+projected H100 time of the same steps (a projection; two in-process engines in one
+process run slower on this CPU, so CPU wall times of such a run are not comparable with
+the default, multiprocess one).
 
 Two engines live in the one process: stock vLLM (its own scheduler) and the RL engine.
 Each configuration runs on the same prompts with the same seeds, and the runs are
@@ -126,8 +128,8 @@ def run_once(llm, cfg: Config, prompts: list[str], m: int, seed: int, max_tokens
     params = SamplingParams(n=cfg.n, temperature=1.0, max_tokens=max_tokens, seed=seed,
                             extra_args=extra, output_kind=RequestOutputKind.FINAL_ONLY)
     engine = llm.llm_engine
-    trace = engine_trace(llm)
-    mark = trace.mark()
+    trace = engine_trace(llm) if cost is not None else None
+    mark = trace.mark() if trace is not None else 0
     t0 = time.perf_counter()
     ids = {}
     for i, prompt in enumerate(prompts):
@@ -145,7 +147,7 @@ def run_once(llm, cfg: Config, prompts: list[str], m: int, seed: int, max_tokens
                 outputs[i] = out
                 done[i] = time.perf_counter() - t0
     wall = time.perf_counter() - t0
-    projected = trace.since(mark).project(cost).total_ms if cost is not None else 0.0
+    projected = trace.since(mark).project(cost).total_ms if trace is not None else 0.0
     attach_rollout_info(outputs, [params] * len(outputs))
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     kept, reasons, eps_kept = [], {}, 0
@@ -183,7 +185,8 @@ def summarize(runs: list[Run], cfgs: dict[str, Config]) -> list[dict]:
         for stock in [base] + [c for c in med if cfgs[c].engine == "stock" and c != base]:
             if stock and stock in med:
                 row[f"wall_vs_{stock}"] = s["wall_s"] / med[stock]["wall_s"]
-                row[f"h100_vs_{stock}"] = med[stock]["projected_ms"] / s["projected_ms"]
+                if s["projected_ms"]:
+                    row[f"h100_vs_{stock}"] = med[stock]["projected_ms"] / s["projected_ms"]
                 row[f"tokens_vs_{stock}"] = s["generated_tokens"] / med[stock]["generated_tokens"]
         rows.append(row)
     return rows
@@ -195,7 +198,7 @@ COLUMNS = [  # (key, header, format)
     ("tokens_per_s", "tok/s", "{:.0f}"), ("group_done_p50_s", "grp p50 s", "{:.2f}"),
     ("group_done_p90_s", "grp p90 s", "{:.2f}"), ("group_done_max_s", "grp max s", "{:.2f}"),
     ("kept_mean_reward", "kept reward", "{:.3f}"), ("kept_mean_length", "kept len", "{:.1f}"),
-    ("projected_ms", "H100 8B ms (proj.)", "{:.0f}"),
+    ("projected_ms", "H100 8B ms (proj., --project)", "{:.0f}"),
     ("aborted_share", "aborted", "{:.3f}"), ("eps_kept_share", "eps-kept", "{:.3f}"),
 ]
 
@@ -203,7 +206,8 @@ COLUMNS = [  # (key, header, format)
 def print_table(rows: list[dict]) -> None:
     ratios = sorted({k for r in rows for k in r
                      if k.startswith(("wall_vs_", "tokens_vs_", "h100_vs_"))})
-    cols = COLUMNS + [(k, k, "{:.3f}") for k in ratios]
+    cols = [c for c in COLUMNS if c[0] != "projected_ms"
+            or any(r.get("projected_ms") for r in rows)] + [(k, k, "{:.3f}") for k in ratios]
     cells = [[h for _, h, _ in cols]]
     cells += [[fmt.format(r[k]) if k in r else "" for k, _, fmt in cols] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
@@ -225,11 +229,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma-separated RL configurations (stock baselines always run)")
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
     ap.add_argument("--suite", choices=("all", "step", "das", "arrol"), default="all")
+    ap.add_argument("--project", action="store_true",
+                    help="step suite: in-process engines with the step trace, and the "
+                         "projected H100 time of each run (benchmarks/gpu_step.py does this "
+                         "on the H100's scheduler limits)")
     ap.add_argument("--epochs", type=int, default=3, help="das suite: epochs")
     ap.add_argument("--das-configs", default=None, help="das suite: configurations")
     ap.add_argument("--das-multiprocess", action="store_true",
                     help="das suite: vLLM's multiprocess engines (default: in-process)")
     args = ap.parse_args(argv)
+    _quiet(args.out)
     if args.suite in ("all", "step"):
         step_suite(args, ap)
     if args.suite in ("all", "das"):
@@ -259,14 +268,16 @@ def step_suite(args, ap) -> None:
     from vllm_rl.llm import LLM, CPU_KV_CACHE_BYTES
     from vllm_rl.task import MODEL_PATH, heldout_prompts
 
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # the step trace
     model = args.model or str(MODEL_PATH)
     common = dict(seed=args.seed, max_model_len=1024)
-    cost = load_cost("h100:qwen3-8b")
-    engines = {"stock": vllm.LLM(model, async_scheduling=True, scheduler_cls=TRACED_SCHEDULER_CLS,
-                                 additional_config={TRACE_KEY: True},
-                                 kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, **common),
-               "rl": LLM(model, trace=True, **common)}
+    cost, traced = None, {}
+    if args.project:        # the step trace lives in the engine core: in-process engines
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        cost = load_cost("h100:qwen3-8b")
+        traced = {"scheduler_cls": TRACED_SCHEDULER_CLS, "additional_config": {TRACE_KEY: True}}
+    engines = {"stock": vllm.LLM(model, async_scheduling=True,
+                                 kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, **traced, **common),
+               "rl": LLM(model, trace=bool(traced), **common)}
     prompts = heldout_prompts(args.prompts)
     duet = duet_thresholds(engines["rl"], prompts, args.max_tokens, args.seed + 1000)
     cfgs = configs(args.m, args.m_prime, duet)
@@ -290,10 +301,10 @@ def step_suite(args, ap) -> None:
                              args.max_tokens, rep, cost))
     rows = summarize(runs, cfgs)
     print(f"\nmodel {model}; {len(prompts)} prompts; M={args.m}, M'={args.m_prime}; "
-          f"max_tokens {args.max_tokens}; median of {args.repeats} interleaved repeats; "
-          "engines in-process; 'H100 8B ms (proj.)' is a PROJECTION: the same engine steps "
-          "priced on the H100 step-cost table (CPU scheduler limits; benchmarks/gpu_step.py "
-          "uses the H100's)")
+          f"max_tokens {args.max_tokens}; median of {args.repeats} interleaved repeats"
+          + ("; engines in-process; 'H100 8B ms' is a PROJECTION: the same engine steps "
+             "priced on the H100 step-cost table (CPU scheduler limits; benchmarks/gpu_step.py "
+             "uses the H100's)" if args.project else ""))
     print(f"duet flags: {duet}")
     print_table(rows)
     out = Path(args.out)
@@ -311,6 +322,15 @@ def _interleave(stocks: list[Config], rls: list[Config]) -> list[Config]:
     for i in range(max(len(stocks), len(rls))):
         out += stocks[i:i + 1] + rls[i:i + 1]
     return out
+
+
+
+def _quiet(out: str) -> None:
+    if "vllm" not in sys.modules:           # a suite run from rollout.py is already quiet
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from quiet import vllm_log_to
+
+        vllm_log_to(Path(out) / "vllm.log")
 
 
 if __name__ == "__main__":

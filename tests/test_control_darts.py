@@ -436,3 +436,26 @@ def test_ptl_curve_grid_validation():
     with pytest.raises(ValueError, match="^grid "):
         PTLCurve.from_points(pts, grid=0)
     assert PTLCurve.from_points(pts, grid=1).breakpoints == (2.0, 4.0)
+
+
+def test_predicted_step_cost_and_budget_choice():
+    from vllm_rl.control.darts import choose_budget, predicted_step_cost
+
+    flat = lambda b: 1.0                                        # noqa: E731  compute-free
+    # one prompt, M = 1: with 2 samples the group stops at the shorter one
+    assert predicted_step_cost([1], [[10.0]], 1, flat) == pytest.approx(10.0)
+    # a sample at the limit is cut, not valid: with M = 1 valid among [3, cap] -> stops at 3
+    assert predicted_step_cost([2], [[3.0, 8.0]], 1, flat, max_tokens=8) == pytest.approx(3.0)
+    # ... but with M = 2 only one is valid: the group runs to the end
+    assert predicted_step_cost([2], [[3.0, 8.0]], 2, flat, max_tokens=8) == pytest.approx(8.0)
+    lengths = [[2.0, 10.0]]
+    assert predicted_step_cost([2], lengths, 1, flat) < predicted_step_cost([1], lengths, 1, flat)
+    linear = lambda b: float(b)                                 # noqa: E731  cost per sequence
+    steep = [[5.0, 5.0, 5.0, 5.0]]                              # no tail to cut: redundancy only costs
+    assert predicted_step_cost([4], steep, 2, linear) > predicted_step_cost([2], steep, 2, linear)
+    plans = {1.0: [2], 2.0: [4]}
+    budget, plan, _ = choose_budget([2.0, 1.0], plans.__getitem__, steep, 2, linear)
+    assert (budget, plan) == (1.0, [2])
+    budget, plan, _ = choose_budget([1.0, 2.0], plans.__getitem__, [[1.0, 1.0, 50.0, 60.0]], 2,
+                                    flat)
+    assert (budget, plan) == (2.0, [4])

@@ -612,3 +612,53 @@ def cost_slope(ptl: Callable[[int], float], mean_length_samples: Sequence[float]
                N: int, num_budgets: int = 16) -> float:
     """k of Eq. 6 (the time per extra sample of budget): see :func:`cost_line`."""
     return cost_line(ptl, mean_length_samples, M, N, num_budgets)[0]
+
+
+def predicted_step_cost(redundant: Sequence[int], lengths_by_prompt: Sequence[Sequence[float]],
+                        M: int, ptl: Callable[[int], float],
+                        max_tokens: float | None = None) -> float:
+    """Eq. 4 over a whole step under shortest-M early stop, from the previous step.
+
+    Prompt i generates ``redundant[i]`` samples whose lengths are drawn from its previous
+    lengths (deterministic nearest-rank quantiles at (j − ½)/n, so a length cut at the
+    limit stays at the limit).  A sample reaching ``max_tokens`` is cut, not a valid
+    answer: its group stops when its M-th shortest *valid* sample finishes, and the rest
+    run only that long; a group with fewer than M valid runs to the end.  All groups
+    generate together: the step costs :func:`rollout_cost` of every sample's effective
+    length, priced at the number still running.  More redundancy cuts the long tail but
+    widens the batch; with a step-cost model's PTL (``StepCost.ptl``) this says which
+    wins on the target hardware.
+    """
+    M = _check_int("M", M, 1)
+    effective: list[float] = []
+    for n, lengths in zip(redundant, lengths_by_prompt, strict=True):
+        n = _check_int("redundant", n, M)
+        ordered = sorted(_check_lengths("lengths", lengths))
+        if not ordered:
+            raise ValueError("lengths_by_prompt: every prompt needs a length")
+        drawn = [ordered[min(len(ordered) - 1, int((j + 0.5) / n * len(ordered)))]
+                 for j in range(n)]
+        valid = [x for x in drawn if max_tokens is None or x < max_tokens]
+        if len(valid) >= M:
+            cut = valid[M - 1]
+            drawn = [min(x, cut) for x in drawn]
+        effective += drawn
+    return rollout_cost(effective, ptl)
+
+
+def choose_budget(candidates: Sequence[float], plan_for: Callable[[float], Sequence[int]],
+                  lengths_by_prompt: Sequence[Sequence[float]], M: int,
+                  ptl: Callable[[int], float],
+                  max_tokens: float | None = None) -> tuple[float, list[int], float]:
+    """The total budget (a multiple of M·N) whose plan (``plan_for(budget)`` → M' per
+    prompt) has the smallest :func:`predicted_step_cost`; ties: the smaller budget.
+    Returns (budget, plan, predicted cost)."""
+    best = None
+    for budget in sorted(candidates):
+        ns = list(plan_for(budget))
+        cost = predicted_step_cost(ns, lengths_by_prompt, M, ptl, max_tokens)
+        if best is None or cost < best[2] * (1 - 1e-9):
+            best = (budget, ns, cost)
+    if best is None:
+        raise ValueError("choose_budget: no candidates")
+    return best
