@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
     args = ap.parse_args(argv)
-    _quiet(args.out)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    __import__("quiet").quiet_vllm(args.out)         # vLLM's log lines to a file
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     import vllm
@@ -263,15 +264,6 @@ def _plot(rows, chosen, step, rho, path):
     a2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-
-def _quiet(out: str) -> None:
-    if "vllm" not in sys.modules:           # a suite run from rollout.py is already quiet
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from quiet import vllm_log_to
-
-        vllm_log_to(Path(out) / "vllm.log")
 
 
 if __name__ == "__main__":

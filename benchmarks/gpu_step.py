@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--configs", default=",".join(ALL))
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
     args = ap.parse_args(argv)
-    _quiet(args.out)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    __import__("quiet").quiet_vllm(args.out)         # vLLM's log lines to a file
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     from tqdm import tqdm
@@ -373,15 +374,6 @@ def plot(runs: list[StepRun], costs, path: Path) -> None:
     ax2.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-
-def _quiet(out: str) -> None:
-    if "vllm" not in sys.modules:           # a suite run from rollout.py is already quiet
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from quiet import vllm_log_to
-
-        vllm_log_to(Path(out) / "vllm.log")
 
 
 if __name__ == "__main__":

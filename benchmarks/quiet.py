@@ -25,3 +25,12 @@ def vllm_log_to(path: str | os.PathLike) -> Path:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     print(f"vLLM's log: {path}")
     return path
+
+
+def quiet_vllm(out_dir: str | os.PathLike) -> None:
+    """:func:`vllm_log_to` ``out_dir/vllm.log``, unless vLLM is already imported (a suite
+    run from ``rollout.py`` is quiet already)."""
+    import sys
+
+    if "vllm" not in sys.modules:
+        vllm_log_to(Path(out_dir) / "vllm.log")

@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--das-multiprocess", action="store_true",
                     help="das suite: vLLM's multiprocess engines (default: in-process)")
     args = ap.parse_args(argv)
-    _quiet(args.out)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    __import__("quiet").quiet_vllm(args.out)         # vLLM's log lines to a file
     if args.suite in ("all", "step"):
         step_suite(args, ap)
     if args.suite in ("all", "das"):
@@ -322,15 +323,6 @@ def _interleave(stocks: list[Config], rls: list[Config]) -> list[Config]:
     for i in range(max(len(stocks), len(rls))):
         out += stocks[i:i + 1] + rls[i:i + 1]
     return out
-
-
-
-def _quiet(out: str) -> None:
-    if "vllm" not in sys.modules:           # a suite run from rollout.py is already quiet
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from quiet import vllm_log_to
-
-        vllm_log_to(Path(out) / "vllm.log")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The AsyncLLM way in (``vllm_rl.engine_args``): groups, records, and bad flags at submission."""
+"""The AsyncLLM way in (``vllm_rl.engine_args``): groups, records, bad flags at submission,
+and ARRoL's head updated through ``collective_rpc`` with hidden states in the records."""
 import asyncio
 
 import pytest
@@ -17,7 +18,10 @@ BAD_FLAGS = {
     "darts.unknown": {"vllm_rl": {"darts": {"unknown": 1}}},
     "vllm_rl": {"vllm_rl": "{broken json"},
     "duet.pattern": {"vllm_rl": {"duet": {"pattern": "(a)\\1"}}},           # backreference: not RE2
+    "arrol.kappa": {"vllm_rl": {"arrol": {"kappa": -0.1}}},
 }
+FLAT_CALIBRATION = {"pos": [0] * 128, "neg": [0] * 128, "alpha": 1.0, "prior": 0.5,
+                    "delta": 0.0, "bins": 128}             # q = 0.5 everywhere: p = 0.5
 
 
 async def _collect(engine, request_id, prompt, params):
@@ -30,7 +34,11 @@ async def _collect(engine, request_id, prompt, params):
 async def _scenario(prompts):
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    engine = AsyncLLM.from_engine_args(engine_args(seed=0, max_model_len=MAX_MODEL_LEN))
+    from vllm_rl.arrol.config import v1_runner_env
+
+    with v1_runner_env():     # engine_args(arrol=...) sets it for the process; scope it here
+        engine = AsyncLLM.from_engine_args(engine_args(seed=0, max_model_len=MAX_MODEL_LEN,
+                                                       arrol=True))
     try:
         valid = asyncio.create_task(_collect(engine, "valid", prompts[0], SamplingParams(
             n=8, temperature=1.0, max_tokens=256, seed=1, output_kind=RequestOutputKind.FINAL_ONLY,
@@ -45,13 +53,19 @@ async def _scenario(prompts):
                 errors[flag] = e
         out = await valid
         after = await _collect(engine, "after", prompts[2], SamplingParams(max_tokens=16, seed=2))
-        return errors, out, after
+        version = (await engine.collective_rpc(
+            "arrol_update", args=(None, FLAT_CALIBRATION, False, None)))[0]
+        arrol = await _collect(engine, "arrol", prompts[3], SamplingParams(
+            n=4, temperature=1.0, max_tokens=48, seed=3, output_kind=RequestOutputKind.FINAL_ONLY,
+            extra_args=rl_params(arrol={"l_detect": 8, "return_hidden": True})))
+        hidden_size = (await engine.collective_rpc("arrol_info"))[0]["hidden_size"]
+        return errors, out, after, (version, arrol, hidden_size)
     finally:
         engine.shutdown()
 
 
 def test_async_engine_serves_groups_and_rejects_bad_flags(prompts):
-    errors, out, after = asyncio.run(_scenario(prompts))
+    errors, out, after, (version, arrol, hidden_size) = asyncio.run(_scenario(prompts))
     assert set(errors) == set(BAD_FLAGS)
     for flag, err in errors.items():
         assert type(err).__name__ == "VLLMValidationError"
@@ -62,3 +76,7 @@ def test_async_engine_serves_groups_and_rejects_bad_flags(prompts):
     if any(i.reason is Reason.DARTS_CANCELLED for i in infos):
         assert len(valid) == 4
     assert after.finished and after.outputs[0].token_ids
+    scored = [RolloutInfo.decode(c.stop_reason) for c in arrol.outputs]
+    scored = [i for i in scored if i is not None and i.score is not None]
+    assert scored and all(i.head_version == version and i.p == 0.5 for i in scored)
+    assert all(i.hidden_state().shape == (hidden_size,) for i in scored)
