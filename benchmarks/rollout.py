@@ -12,9 +12,8 @@ The ``arrol`` suite (:mod:`arrol`) trains ARRoL's quality head from the engine's
 states, reports its signal at ``l_detect`` and one rollout step with pruning.
 ``--suite all`` (the default) runs the three, one after the other.  With ``--project`` the
 step suite runs its engines in-process with the step trace, and each row also gives the
-projected H100 time of the same steps (a projection; two in-process engines in one
-process run slower on this CPU, so CPU wall times of such a run are not comparable with
-the default, multiprocess one).
+projected H100 time of the same steps (a projection; its CPU wall times are those of
+in-process engines, not comparable with the default, multiprocess run's).
 
 Two engines live in the one process: stock vLLM (its own scheduler) and the RL engine.
 Each configuration runs on the same prompts with the same seeds, and the runs are
