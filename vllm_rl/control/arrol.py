@@ -1,25 +1,47 @@
-"""ARRoL, trainer side: the quality head, its training, the calibration, δ, voting.
+"""ARRoL on the trainer side: the quality head, its training, the calibration, δ, voting.
 
-Paper: "ARRoL" (``shared/seeds/003``).  Pure Python + PyTorch; runs between steps.
+ARRoL (``shared/seeds/003``) scores every rollout when it first reaches ``L_detect``
+tokens with a small head on the backbone's final-norm hidden state, maps the score to a
+posterior q of success (App. A.4, Eq. 1 + Bayes) and prunes it with probability 1 − p,
+p = clip(κ + δ + λ(ρ − q), p_min, p_max) (Eq. 2).  The engine does the scoring and the
+pruning (:mod:`vllm_rl.engine.policies.arrol`); this module is the frontend's part of
+Alg. 1 (l.3, l.7-8), pure Python + PyTorch, run between steps:
 
-- :class:`QualityHead`: the 2-layer MLP on a final-norm hidden state (Sec. 4.2: hidden
-  width 128, ReLU or GELU, sigmoid score), and its wire format for the engine
-  (:meth:`QualityHead.export`, :func:`check_head_state`);
-- :class:`HeadTrainer`: cross-entropy on *detached* hidden states against the final
-  reward (Sec. 4.3 (iii): no gradient reaches the backbone);
-- :class:`CalibrationBuffer`: the sliding buffer of (score, outcome) behind App. A.4's
-  Eq. 1 counts, the prior π, and δ solved by bisection so that E[p] = κ
-  (:func:`solve_delta`); its :meth:`~CalibrationBuffer.calibration` is what
-  ``vllm_rl.LLM.arrol_update(calibration=...)`` takes;
-- :class:`ColdStart`: score but do not prune for the first steps (Sec. 5: 20 steps);
-- :func:`weighted_vote` / :func:`rank_weights`: test-time scaling (Sec. 4.4);
-- :func:`spearman`, :func:`auc`, :func:`trace_confidence`: the measures of Fig. 2c.
+- :class:`QualityHead`: the 2-layer MLP of Sec. 4.2 (hidden width 128, ReLU or GELU,
+  sigmoid score) and its wire format for the engine (:meth:`QualityHead.export`,
+  :meth:`QualityHead.from_state`, :func:`check_head_state`);
+- :class:`HeadTrainer`: cross-entropy against the final reward on *detached* hidden
+  states (Sec. 4.3 (iii): gradients stop at the backbone; Alg. 1 l.7-8);
+- :class:`CalibrationBuffer`: the sliding buffer of (score, outcome) behind Eq. 1's
+  counts, the prior π, and δ solved by bisection so that E[p] = κ (App. A.4,
+  :func:`solve_delta`); :meth:`~CalibrationBuffer.calibration` is the ``h_t`` of
+  Alg. 1 l.3, what ``vllm_rl.LLM.arrol_update(calibration=...)`` takes;
+- :class:`ColdStart`: score and record but never prune for the first steps (Sec. 5:
+  20 steps; App. Table 7);
+- :func:`rank_weights` / :func:`weighted_vote`: test-time scaling (Sec. 4.4);
+- :func:`spearman`, :func:`auc`, :func:`trace_confidence`: the measures of Fig. 2(b, c).
+
+One step of an RL loop::
+
+    head, cold = QualityHead(hidden_size), ColdStart(steps=20)
+    trainer, buffer = HeadTrainer(head), CalibrationBuffer()
+    for step in steps:
+        llm.arrol_update(head=head.export(step), calibration=cold.calibration(buffer))
+        ...generate with arrol={"return_hidden": True, "kappa": κ, ...}; every sample
+        scored at l_detect comes back with its score s', its hidden state h and, unless
+        pruned, its reward y...
+        trainer.step(h_kept, y_kept); buffer.add(s_kept, y_kept); cold.tick()
+
+(``calibration=None`` with the first update means "no calibration": the engine only
+scores; pass ``cold_start=True`` to ``arrol_update`` to drop one already pushed.)
 """
 from __future__ import annotations
 
 import math
+import numbers
 from collections import deque
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,32 +50,57 @@ from vllm_rl.engine.policies.arrol import BINS, Calibration, bin_of, posterior, 
 
 ACTIVATIONS = ("relu", "gelu")
 HEAD_KEYS = ("version", "activation", "hidden_size", "width", "w1", "b1", "w2", "b2")
+MAX_WIDTH = 4096
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _check_unit(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0.0 <= v <= 1.0:
+        raise ValueError(f"{name}={v!r}: allowed a float in [0, 1]")
+    return float(v)
+
+
+# ------------------------------------------------------------------- the quality head
 
 
 class QualityHead(torch.nn.Module):
-    """s = sigmoid(w2 · act(W1 h + b1) + b2) on a final-norm hidden state h (Sec. 4.2)."""
+    """s = sigmoid(w2 · act(W1 h + b1) + b2) on a final-norm hidden state h (Sec. 4.2:
+    "a 2-layer MLP with hidden dimension 128"); ``fc1 = Linear(hidden_size, width)``,
+    ``fc2 = Linear(width, 1)``, ``activation`` "relu" or "gelu" (exact, not tanh)."""
 
     def __init__(self, hidden_size: int, width: int = 128, activation: str = "relu") -> None:
         super().__init__()
+        if not _is_int(hidden_size) or hidden_size < 1:
+            raise ValueError(f"QualityHead hidden_size={hidden_size!r}: allowed an int >= 1")
+        if not _is_int(width) or not 1 <= width <= MAX_WIDTH:
+            raise ValueError(f"QualityHead width={width!r}: allowed an int in [1, {MAX_WIDTH}]")
         if activation not in ACTIVATIONS:
             raise ValueError(f"QualityHead activation={activation!r}: allowed {ACTIVATIONS}")
         self.activation = activation
-        self.fc1 = torch.nn.Linear(hidden_size, width)
-        self.fc2 = torch.nn.Linear(width, 1)
+        self.fc1 = torch.nn.Linear(int(hidden_size), int(width))
+        self.fc2 = torch.nn.Linear(int(width), 1)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits [N] (before the sigmoid)."""
+        """Logits [N] (before the sigmoid) of hidden states [N, hidden_size]."""
         x = self.fc1(h.float())
         x = torch.relu(x) if self.activation == "relu" else torch.nn.functional.gelu(x)
         return self.fc2(x).squeeze(-1)
 
     @torch.no_grad()
     def score(self, h: torch.Tensor) -> torch.Tensor:
-        """Scores s' in [0, 1] (float32, no gradient): what the engine computes."""
+        """Scores s' = sigmoid(logit) in [0, 1], float32 [N], no gradient: what the engine
+        computes at ``l_detect`` (App. A.4: the sigmoid is the normalisation to [0, 1])."""
         return torch.sigmoid(self.forward(h)).float()
 
     def export(self, version: int) -> dict[str, Any]:
-        """The state the engine loads (``arrol_update(head=...)``), JSON-able."""
+        """The state the engine loads (``arrol_update(head=...)``, Alg. 1 l.4), JSON-able:
+        ``version``, ``activation``, ``hidden_size``, ``width``, ``w1`` [width][hidden],
+        ``b1`` [width], ``w2`` [width] (``fc2.weight[0]``), ``b2`` (float)."""
+        if not _is_int(version) or version < 0:
+            raise ValueError(f"QualityHead.export version={version!r}: allowed an int >= 0")
         return {"version": int(version), "activation": self.activation,
                 "hidden_size": self.fc1.in_features, "width": self.fc1.out_features,
                 "w1": self.fc1.weight.detach().float().tolist(),
@@ -63,91 +110,158 @@ class QualityHead(torch.nn.Module):
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "QualityHead":
+        """A head from an :meth:`export` state (``w1``/``b1``/``w2``/``b2`` may be tensors
+        or arrays instead of lists); checked by :func:`check_head_state` first."""
         check_head_state(state)
         head = cls(int(state["hidden_size"]), int(state["width"]), state["activation"])
         with torch.no_grad():
-            head.fc1.weight.copy_(torch.as_tensor(state["w1"], dtype=torch.float32))
-            head.fc1.bias.copy_(torch.as_tensor(state["b1"], dtype=torch.float32))
-            head.fc2.weight.copy_(torch.as_tensor(state["w2"], dtype=torch.float32)[None])
-            head.fc2.bias.fill_(float(torch.as_tensor(state["b2"])))
+            head.fc1.weight.copy_(_as_f32(state["w1"]))
+            head.fc1.bias.copy_(_as_f32(state["b1"]))
+            head.fc2.weight.copy_(_as_f32(state["w2"])[None])
+            head.fc2.bias.copy_(_as_f32(state["b2"]).reshape(1))
         return head
 
 
+def _as_f32(v: Any) -> torch.Tensor:
+    if isinstance(v, torch.Tensor):
+        return v.detach().to("cpu", torch.float32)
+    return torch.as_tensor(v, dtype=torch.float32)
+
+
 def check_head_state(state: Any, hidden_size: int | None = None) -> None:
-    """Raise ``ValueError`` naming the key unless ``state`` is a head the engine can load."""
+    """Raise ``ValueError`` naming the key and what is allowed unless ``state`` is a head
+    the engine can load (the format of :meth:`QualityHead.export`; ``hidden_size``, when
+    given, is the model's and must match).  Called by the engine on ``arrol_update``."""
     if not isinstance(state, dict):
-        raise ValueError("head state: a mapping as QualityHead.export writes it")
+        raise ValueError(f"head state: a mapping with keys {list(HEAD_KEYS)} "
+                         f"(QualityHead.export), got {type(state).__name__}")
     missing = [k for k in HEAD_KEYS if k not in state]
-    unknown = [k for k in state if k not in HEAD_KEYS]
+    unknown = sorted(str(k) for k in state if k not in HEAD_KEYS)
     if missing or unknown:
-        raise ValueError(f"head state: missing {missing}, unknown {unknown}; keys {HEAD_KEYS}")
-    if state["activation"] not in ACTIVATIONS:
-        raise ValueError(f"head state 'activation'={state['activation']!r}: allowed {ACTIVATIONS}")
+        raise ValueError(f"head state: missing keys {missing}, unknown keys {unknown}; "
+                         f"allowed keys {list(HEAD_KEYS)}")
+    version, act = state["version"], state["activation"]
+    if not _is_int(version) or version < 0:
+        raise ValueError(f"head state 'version'={version!r}: allowed an int >= 0")
+    if not isinstance(act, str) or act not in ACTIVATIONS:
+        raise ValueError(f"head state 'activation'={act!r}: allowed one of {ACTIVATIONS}")
     width, hid = state["width"], state["hidden_size"]
-    if not isinstance(width, int) or not 1 <= width <= 4096:
-        raise ValueError(f"head state 'width'={width!r}: allowed int in [1, 4096]")
-    if not isinstance(hid, int) or hid < 1:
-        raise ValueError(f"head state 'hidden_size'={hid!r}: allowed int >= 1")
+    if not _is_int(width) or not 1 <= width <= MAX_WIDTH:
+        raise ValueError(f"head state 'width'={width!r}: allowed an int in [1, {MAX_WIDTH}]")
+    if not _is_int(hid) or hid < 1:
+        raise ValueError(f"head state 'hidden_size'={hid!r}: allowed an int >= 1")
     if hidden_size is not None and hid != hidden_size:
-        raise ValueError(f"head state 'hidden_size'={hid}: the model's is {hidden_size}")
+        raise ValueError(f"head state 'hidden_size'={hid}: allowed only the model's "
+                         f"hidden size {hidden_size}")
     shapes = {"w1": (width, hid), "b1": (width,), "w2": (width,), "b2": ()}
     for key, shape in shapes.items():
         try:
-            t = torch.as_tensor(state[key], dtype=torch.float32)
+            t = _as_f32(state[key])
         except (TypeError, ValueError, RuntimeError) as e:
-            raise ValueError(f"head state '{key}': not numeric ({e})") from None
+            raise ValueError(f"head state '{key}': allowed numbers of shape {shape} "
+                             f"({e})") from None
         if tuple(t.shape) != shape:
-            raise ValueError(f"head state '{key}': shape {tuple(t.shape)}, expected {shape}")
+            raise ValueError(f"head state '{key}': shape {tuple(t.shape)}, allowed {shape}")
         if not torch.isfinite(t).all():
-            raise ValueError(f"head state '{key}': non-finite values")
+            raise ValueError(f"head state '{key}': allowed finite values only")
+
+
+# ------------------------------------------------------------------ training the head
+
+
+def _labels(name: str, labels: Any, n: int) -> torch.Tensor:
+    y = torch.as_tensor(labels).detach().to("cpu", torch.float32).reshape(-1)
+    if y.numel() != n:
+        raise ValueError(f"{name}: {y.numel()} values for {n} hidden states")
+    if not bool(((y == 0) | (y == 1)).all()):
+        raise ValueError(f"{name}: allowed values in {{0, 1}} (the binary final reward)")
+    return y
 
 
 class HeadTrainer:
-    """On-the-fly head training (Sec. 4.3 (iii)): binary cross-entropy between the head's
-    logit on the *detached* hidden state and the sample's final reward, Adam."""
+    """On-the-fly head training (Sec. 4.3 (iii), Alg. 1 l.7-8): binary cross-entropy
+    between the head's logit on the *detached* hidden state and the sample's final reward
+    in {0, 1}; Adam (``lr`` 1e-3 by default).  Nothing flows back into the hidden states
+    (stop-gradient to the backbone)."""
 
     def __init__(self, head: QualityHead, lr: float = 1e-3, weight_decay: float = 0.0) -> None:
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
+            raise ValueError(f"HeadTrainer lr={lr!r}: allowed a float > 0")
         self.head = head
         self.opt = torch.optim.Adam(head.parameters(), lr=lr, weight_decay=weight_decay)
 
-    def step(self, hidden: torch.Tensor, rewards: torch.Tensor) -> float:
-        """One update on a batch; returns the loss."""
-        x = hidden.detach().float()                  # stop-gradient to the backbone
-        y = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
+    def step(self, hidden: torch.Tensor, rewards: Any) -> float:
+        """One Adam update on a batch (hidden [N, H], rewards [N] in {0, 1}); the loss."""
+        x = torch.as_tensor(hidden).detach().float()       # stop-gradient to the backbone
+        if x.dim() != 2 or x.shape[0] == 0:
+            raise ValueError(f"hidden: allowed a non-empty [N, H] tensor, got shape "
+                             f"{tuple(x.shape)}")
+        y = _labels("rewards", rewards, x.shape[0])
         loss = torch.nn.functional.binary_cross_entropy_with_logits(self.head(x), y)
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
         return loss.item()
 
-    def fit(self, hidden: torch.Tensor, rewards: torch.Tensor, epochs: int = 10,
-            batch_size: int = 256) -> float:
-        """Shuffled minibatch epochs over a buffer (torch's global RNG); the last loss."""
-        n = hidden.shape[0]
-        loss = float("nan")
+    def fit(self, hidden: torch.Tensor, rewards: Any, epochs: int = 10,
+            batch_size: int = 256, generator: torch.Generator | None = None) -> float:
+        """``epochs`` shuffled passes of minibatch :meth:`step` over a buffer (offline use);
+        the shuffles come from ``generator`` or torch's global RNG, so the result is
+        deterministic given ``torch.manual_seed``.  Returns the mean loss of the last
+        epoch (weighted by minibatch size)."""
+        if not _is_int(epochs) or epochs < 1:
+            raise ValueError(f"fit epochs={epochs!r}: allowed an int >= 1")
+        if not _is_int(batch_size) or batch_size < 1:
+            raise ValueError(f"fit batch_size={batch_size!r}: allowed an int >= 1")
+        x = torch.as_tensor(hidden).detach()
+        n = x.shape[0] if x.dim() else 0
+        y = _labels("rewards", rewards, n)
+        if n == 0:
+            raise ValueError("fit: no hidden states")
+        total = 0.0
         for _ in range(epochs):
-            order = torch.randperm(n)
+            order = torch.randperm(n, generator=generator)
+            total = 0.0
             for i in range(0, n, batch_size):
                 idx = order[i:i + batch_size]
-                loss = self.step(hidden[idx], torch.as_tensor(rewards)[idx])
-        return loss
+                total += self.step(x[idx], y[idx]) * len(idx)
+        return total / n
+
+
+# ----------------------------------------------------------------- δ and the buffer
 
 
 def solve_delta(qs: Sequence[float], kappa: float, rho: float, lam: float, p_min: float,
                 p_max: float, tol: float = 1e-9) -> float:
-    """δ with mean_i clip(κ + δ + λ(ρ − q_i), p_min, p_max) = κ, by bisection (App. A.4).
+    """δ with mean_i clip(κ + δ + λ(ρ − q_i), p_min, p_max) = κ, by bisection (App. A.4:
+    "We solve for δ by binary search such that ... E[p_i] = κ").
 
-    The mean is non-decreasing in δ; when κ lies outside [p_min, p_max] no δ reaches it
-    and the δ that clips every p to the nearest end is returned.  Empty ``qs``: 0.
+    With a_i = κ + λ(ρ − q_i) the mean keep rate is continuous and non-decreasing in δ,
+    from p_min at δ_lo = p_min − max a_i to p_max at δ_hi = p_max − min a_i; bisection on
+    [δ_lo, δ_hi] stops when the bracket is narrower than ``tol`` (the mean is 1-Lipschitz
+    in δ, so it is within ``tol``/2 of κ).  If κ is not attainable, i.e. κ > p_max (or
+    κ < p_min), δ is clipped to the nearest end: δ_hi (every p = p_max) or δ_lo (every
+    p = p_min).  Empty ``qs``: 0.
     """
-    if not qs:
+    kappa, rho = _check_unit("kappa", kappa), _check_unit("rho", rho)
+    p_min, p_max = _check_unit("p_min", p_min), _check_unit("p_max", p_max)
+    if p_min > p_max:
+        raise ValueError(f"p_min={p_min} > p_max={p_max}: allowed p_min <= p_max")
+    if isinstance(lam, bool) or not isinstance(lam, numbers.Real) or not 0 <= lam < math.inf:
+        raise ValueError(f"lam={lam!r}: allowed a finite float >= 0")
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not tol > 0:
+        raise ValueError(f"tol={tol!r}: allowed a float > 0")
+    q = np.asarray(qs, dtype=np.float64).reshape(-1)
+    if q.size == 0:
         return 0.0
-    q = np.asarray(qs, dtype=np.float64)
+    if not np.isfinite(q).all():
+        raise ValueError("qs: allowed finite posteriors only")
+    a = kappa + lam * (rho - q)
 
     def mean_p(d: float) -> float:
-        return float(np.clip(kappa + d + lam * (rho - q), p_min, p_max).mean())
+        return float(np.clip(a + d, p_min, p_max).mean())
 
-    lo, hi = -1.0 - lam - abs(kappa), 1.0 + lam + abs(kappa)   # every p clipped low / high
+    lo, hi = p_min - float(a.max()), p_max - float(a.min())
     if mean_p(hi) <= kappa:
         return hi
     if mean_p(lo) >= kappa:
@@ -162,48 +276,85 @@ def solve_delta(qs: Sequence[float], kappa: float, rho: float, lam: float, p_min
 
 
 class CalibrationBuffer:
-    """The sliding buffer of scored rollouts behind the calibration (App. A.4).
+    """The sliding buffer of scored rollouts behind the calibration (Sec. 4.2, App. A.4).
 
-    Holds the last ``window`` (score s', outcome y) pairs.  Eq. 1's counts c_b^± are
-    histograms over B uniform bins; the prior π = P(Y = 1) is the buffer's positive
-    share with add-one smoothing, (Σy + 1) / (N + 2), so it stays in (0, 1).
+    Holds the last ``window`` (score s' in [0, 1], outcome y in {0, 1}) pairs, FIFO
+    (default 2048; the paper does not give the window).  Eq. 1's counts c_b^± are
+    histograms over ``bins`` uniform bins.  The prior π = P(Y = 1) is the buffer's
+    positive share with the same Laplace pseudo-count α as the likelihoods, one per class:
+    π = (N⁺ + α) / (N + 2α), so it is in (0, 1) even for an empty or one-class buffer
+    (:attr:`prior` is the α = 1 value, (N⁺ + 1) / (N + 2)).
     """
 
     def __init__(self, window: int = 2048, bins: int = BINS) -> None:
-        self.bins = bins
-        self.items: deque[tuple[float, int]] = deque(maxlen=window)
+        if not _is_int(window) or window < 1:
+            raise ValueError(f"CalibrationBuffer window={window!r}: allowed an int >= 1")
+        if not _is_int(bins) or bins < 1:
+            raise ValueError(f"CalibrationBuffer bins={bins!r}: allowed an int >= 1")
+        self.bins = int(bins)
+        self.window = int(window)
+        self.items: deque[tuple[float, int]] = deque(maxlen=self.window)
+
+    def __len__(self) -> int:
+        return len(self.items)
 
     def add(self, scores: Sequence[float], labels: Sequence[float]) -> None:
-        for s, y in zip(scores, labels, strict=True):
-            self.items.append((float(s), 1 if y > 0.5 else 0))
+        """Append scored rollouts (oldest drop out past ``window``).  Scores must be
+        finite (clipped into [0, 1] when binned); labels 0/1 (or False/True)."""
+        scores, labels = list(scores), list(labels)
+        if len(scores) != len(labels):
+            raise ValueError(f"labels: {len(labels)} values for {len(scores)} scores")
+        new = []
+        for i, (s, y) in enumerate(zip(scores, labels)):
+            s = float(s)
+            if not math.isfinite(s):
+                raise ValueError(f"scores[{i}]={s!r}: allowed a finite float in [0, 1]")
+            if y not in (0, 1):
+                raise ValueError(f"labels[{i}]={y!r}: allowed 0 or 1 (the binary reward)")
+            new.append((s, int(y)))
+        self.items.extend(new)
 
     def counts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Eq. 1: (c^+, c^-), c_b^± = #{k in the buffer: y_k = ±, b(s_k) = b}."""
         pos, neg = [0] * self.bins, [0] * self.bins
         for s, y in self.items:
             (pos if y else neg)[bin_of(s, self.bins)] += 1
         return tuple(pos), tuple(neg)
 
+    def smoothed_prior(self, alpha: float = 1.0) -> float:
+        """π = (N⁺ + α) / (N + 2α) over the buffer."""
+        n_pos = sum(y for _, y in self.items)
+        return (n_pos + alpha) / (len(self.items) + 2 * alpha)
+
     @property
     def prior(self) -> float:
-        n = len(self.items)
-        return (sum(y for _, y in self.items) + 1) / (n + 2)
+        """π with α = 1: (N⁺ + 1) / (N + 2)."""
+        return self.smoothed_prior(1.0)
 
     def calibration(self, kappa: float = 0.5, rho: float = 0.5, lam: float = 0.5,
                     p_min: float = 0.1, p_max: float = 0.9, alpha: float = 1.0) -> Calibration:
-        """Eq. 1 counts, π, and δ such that the expected keep rate over the buffer is κ
-        (the flags sent with the requests must carry the same κ, ρ, λ, p_min, p_max)."""
+        """The ``h_t`` of Alg. 1 l.3: Eq. 1's counts, π (:meth:`smoothed_prior` with the
+        same ``alpha``), and δ = :func:`solve_delta` over the posteriors of the buffer's
+        own scores, so the expected keep rate over the buffer distribution is κ (App. A.4).
+        The requests' ``arrol`` flags must carry the same κ, ρ, λ, p_min, p_max.  An empty
+        buffer gives δ = 0 and π = 1/2 (every q = 1/2)."""
         pos, neg = self.counts()
-        base = Calibration(pos, neg, alpha, self.prior, 0.0, self.bins)
+        prior = self.smoothed_prior(alpha)
+        base = Calibration(pos, neg, alpha, prior, 0.0, self.bins)
         qs = [posterior(base, s) for s, _ in self.items]
         delta = solve_delta(qs, kappa, rho, lam, p_min, p_max)
-        return Calibration(pos, neg, alpha, self.prior, delta, self.bins)
+        return Calibration(pos, neg, alpha, prior, delta, self.bins)
 
 
 class ColdStart:
-    """The first ``steps`` trainer steps score and record but never prune (Sec. 5: 20)."""
+    """Score and record, never prune, for the first ``steps`` trainer steps (Sec. 5: "a
+    cold-start period of 20 steps to initialize the quality head and the pruning
+    estimator"; App. Table 7 varies it).  Call :meth:`tick` once per trainer step."""
 
     def __init__(self, steps: int = 20) -> None:
-        self.steps = steps
+        if not _is_int(steps) or steps < 0:
+            raise ValueError(f"ColdStart steps={steps!r}: allowed an int >= 0")
+        self.steps = int(steps)
         self.done = 0
 
     def tick(self) -> None:
@@ -213,14 +364,22 @@ class ColdStart:
     def active(self) -> bool:
         return self.done < self.steps
 
-    def calibration(self, buffer: CalibrationBuffer, **flags: float) -> Calibration | None:
-        """None while cold (push ``arrol_update(cold_start=True)``), else the buffer's."""
-        return None if self.active else buffer.calibration(**flags)
+    def calibration(self, source: "CalibrationBuffer | Calibration",
+                    **flags: float) -> Calibration | None:
+        """None while cold ("push no calibration": the engine only scores); afterwards
+        ``source`` itself if it is a :class:`Calibration`, else
+        ``source.calibration(**flags)`` of a :class:`CalibrationBuffer`."""
+        if self.active:
+            return None
+        return source if isinstance(source, Calibration) else source.calibration(**flags)
 
 
-def _ranks(x: Sequence[float]) -> np.ndarray:
-    """0-based ranks, ties given their average rank."""
-    a = np.asarray(x, dtype=np.float64)
+# -------------------------------------------------------------------------- measures
+
+
+def _ranks(x: Any) -> np.ndarray:
+    """0-based ranks, ties given their average rank (multiples of 1/2, exact)."""
+    a = np.asarray(x, dtype=np.float64).reshape(-1)
     order = np.argsort(a, kind="mergesort")
     ranks = np.empty(len(a))
     i = 0
@@ -233,30 +392,46 @@ def _ranks(x: Sequence[float]) -> np.ndarray:
     return ranks
 
 
+def _finite(name: str, x: Any) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64).reshape(-1)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name}: allowed finite numbers only")
+    return a
+
+
 def rank_weights(scores: Sequence[float]) -> list[float]:
-    """Sec. 4.4: ranks linearly rescaled to [0, 1] (lowest 0, highest 1; ties share the
-    average rank; a single candidate gets 1)."""
-    n = len(scores)
-    if n == 0:
-        return []
-    if n == 1:
-        return [1.0]
-    return (_ranks(scores) / (n - 1)).tolist()
+    """Sec. 4.4: sort the candidates by score and rescale the ranks linearly to [0, 1]
+    (lowest 0, highest 1, ties share their average rank; one candidate gets 1)."""
+    s = _finite("scores", scores)
+    if len(s) <= 1:
+        return [1.0] * len(s)
+    return (_ranks(s) / (len(s) - 1)).tolist()
 
 
 def weighted_vote(answers: Sequence[Hashable], scores: Sequence[float]) -> Hashable:
-    """The answer with the largest sum of rank weights (Sec. 4.4); ties: first seen."""
-    if not answers:
+    """Sec. 4.4: the answer with the largest sum of :func:`rank_weights` over its
+    candidates; a tie between answers goes to the one that occurs first.  (Sums are
+    compared on the unscaled average ranks, which are exact, so ties are exact.)"""
+    s = _finite("scores", scores)
+    if len(answers) != len(s):
+        raise ValueError(f"scores: {len(s)} values for {len(answers)} answers")
+    if not len(s):
         raise ValueError("weighted_vote: no candidates")
+    ranks = _ranks(s) if len(s) > 1 else np.ones(1)
     totals: dict[Hashable, float] = {}
-    for a, w in zip(answers, rank_weights(scores), strict=True):
-        totals[a] = totals.get(a, 0.0) + w
+    for a, r in zip(answers, ranks):
+        totals[a] = totals.get(a, 0.0) + float(r)
     best = max(totals.values())
-    return next(a for a in totals if totals[a] == best)
+    return next(a for a, t in totals.items() if t == best)
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties); 0 if either is constant."""
+    """Spearman's rank correlation (Fig. 2(c)): Pearson's correlation of the average
+    ranks (ties share their rank).  0.0 when it is undefined (fewer than 2 points or a
+    constant side, e.g. a held-out set with one outcome)."""
+    x, y = _finite("x", x), _finite("y", y)
+    if len(x) != len(y):
+        raise ValueError(f"y: {len(y)} values for {len(x)} in x")
     if len(x) < 2:
         return 0.0
     rx, ry = _ranks(x), _ranks(y)
@@ -266,25 +441,32 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def auc(scores: Sequence[float], labels: Sequence[float]) -> float:
-    """ROC AUC = P(score of a positive > score of a negative), ties counted 1/2
-    (Mann-Whitney); 0.5 when one class is empty."""
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(labels) > 0.5
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    """ROC AUC = P(score of a positive > score of a negative), a tie counted 1/2
+    (Mann-Whitney U / (N⁺ N⁻) from the average ranks).  Labels are 0/1; 0.5 when one
+    class is empty (undefined)."""
+    s = _finite("scores", scores)
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    if len(y) != len(s):
+        raise ValueError(f"labels: {len(y)} values for {len(s)} scores")
+    if not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError("labels: allowed 0 or 1")
+    pos = y == 1.0
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
     if n_pos == 0 or n_neg == 0:
         return 0.5
     r = _ranks(s) + 1.0
-    return float((r[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    return float((r[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def trace_confidence(logprobs: Sequence[float]) -> float:
-    """DeepConf-style baseline: the mean token negative log-probability (lower = more
-    confident)."""
-    if not logprobs:
-        return 0.0
-    return float(-np.mean(np.asarray(logprobs, dtype=np.float64)))
+    """The DeepConf-style baseline of Fig. 2: mean token negative log-probability of the
+    trace (lower = more confident).  Raises on an empty trace."""
+    lp = _finite("logprobs", logprobs)
+    if not len(lp):
+        raise ValueError("trace_confidence: empty logprobs")
+    return float(-lp.mean())
 
 
-__all__ = ["QualityHead", "check_head_state", "HeadTrainer", "solve_delta",
-           "CalibrationBuffer", "ColdStart", "rank_weights", "weighted_vote", "spearman",
-           "auc", "trace_confidence", "survival"]
+__all__ = ["ACTIVATIONS", "HEAD_KEYS", "QualityHead", "check_head_state", "HeadTrainer",
+           "solve_delta", "CalibrationBuffer", "ColdStart", "rank_weights",
+           "weighted_vote", "spearman", "auc", "trace_confidence", "survival"]
