@@ -28,6 +28,7 @@ TARGET = "vllm.v1.worker.gpu_model_runner.GPUModelRunner.sample_tokens"
 CHECKED = ("0.32.0",)
 _EXPECTED_PARAMS = ("self", "grammar_output")
 _STATE_FIELDS = ("scheduler_output", "hidden_states")
+_UNSET = object()
 
 
 def _target():
@@ -60,13 +61,13 @@ def apply() -> None:
 
     @functools.wraps(original)
     def sample_tokens(self, grammar_output, *args, **kwargs):
-        scorer = self.__dict__.get("vllm_rl_arrol")
-        if scorer is None:
-            if "vllm_rl_arrol" in self.__dict__ or not _wants_arrol(self):
-                return original(self, grammar_output, *args, **kwargs)
-            from vllm_rl.arrol.scorer import HeadScorer
+        scorer = self.__dict__.get("vllm_rl_arrol", _UNSET)
+        if scorer is _UNSET:
+            from vllm_rl.arrol.scorer import scorer_of
 
-            scorer = self.vllm_rl_arrol = HeadScorer.for_runner(self)
+            scorer = scorer_of(self)
+        if scorer is None:
+            return original(self, grammar_output, *args, **kwargs)
         state = self.execute_model_state
         plan = scorer.plan(self, state) if state is not None else None
         out = original(self, grammar_output, *args, **kwargs)
@@ -77,13 +78,3 @@ def apply() -> None:
     sample_tokens._vllm_rl_patched = True
     cls.sample_tokens = sample_tokens
 
-
-def _wants_arrol(runner) -> bool:
-    """True on an ARRoL engine (its additional_config names the head); remembered."""
-    from vllm_rl.arrol.config import CONFIG_KEY
-
-    extra = getattr(runner.vllm_config, "additional_config", None) or {}
-    if CONFIG_KEY in extra:
-        return True
-    runner.vllm_rl_arrol = None
-    return False

@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 
 SCHEDULER_CLS = "vllm_rl.engine.scheduler.RLScheduler"
 SYNC_SCHEDULER_CLS = "vllm_rl.engine.scheduler.RLSyncScheduler"   # DAS: CPU drafters run sync
+WORKER_EXTENSION_CLS = "vllm_rl.worker.RLWorkerExtension"   # DAS trees + ARRoL head
 
 
 def _map_source_folders() -> None:

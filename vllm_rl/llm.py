@@ -14,19 +14,18 @@ from typing import Any, Sequence
 import vllm
 from vllm import SamplingParams
 
-from vllm_rl import SCHEDULER_CLS
+from vllm_rl import SCHEDULER_CLS, WORKER_EXTENSION_CLS
 from vllm_rl.flags import extract, normalize, parse
 from vllm_rl.outcome import RolloutInfo, annotate_group
 
 CPU_KV_CACHE_BYTES = 1 << 30   # vLLM's CPU default reserves most of a NUMA node
 
 
-WORKER_EXTENSION = "vllm_rl.worker.RLWorkerExtension"   # DAS trees + ARRoL head on the worker
 TRACE_KEY = "vllm_rl_trace"    # additional_config: record each engine step (engine/trace.py)
 COST_KEY = "vllm_rl_cost"      # additional_config: the StepCost spec (vllm_rl.cost.load_cost)
 
 
-def _defaults(kwargs: dict[str, Any], scoped_runner_env: bool = False) -> dict[str, Any]:
+def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     from vllm_rl.task import MODEL_PATH
@@ -52,17 +51,15 @@ def _defaults(kwargs: dict[str, Any], scoped_runner_env: bool = False) -> dict[s
             elif key in kwargs and kwargs[key] != value:
                 raise ValueError(f"das= sets {key}={value!r}; got {kwargs[key]!r}")
             kwargs[key] = value
-        kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+        kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION_CLS)
     arrol = kwargs.pop("arrol", None)
-    if arrol:
-        from vllm_rl.arrol.config import ArrolConfig, use_v1_runner
+    if arrol:            # the caller selects the V1 runner (LLM: scoped; engine_args: process)
+        from vllm_rl.arrol.config import ArrolConfig
 
         cfg = ArrolConfig.of(arrol).engine_kwargs()
         kwargs["additional_config"] = {**(kwargs.get("additional_config") or {}),
                                        **cfg["additional_config"]}
-        kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
-        if not scoped_runner_env:
-            use_v1_runner()
+        kwargs.setdefault("worker_extension_cls", cfg["worker_extension_cls"])
     kwargs.setdefault("model", str(MODEL_PATH))
     kwargs.setdefault("scheduler_cls", SCHEDULER_CLS)
     kwargs.setdefault("async_scheduling", True)
@@ -95,7 +92,7 @@ class LLM(vllm.LLM):
         from vllm_rl.arrol.config import v1_runner_env
 
         with v1_runner_env():       # the engine (and its processes) start on the V1 runner
-            super().__init__(**_defaults(kwargs, scoped_runner_env=True))
+            super().__init__(**_defaults(kwargs))
 
     def generate(self, prompts, sampling_params=None, **kwargs):
         outputs = super().generate(prompts, sampling_params, **kwargs)
@@ -160,9 +157,14 @@ def attach_rollout_info(outputs: Sequence[Any], params: Sequence[SamplingParams 
 
 
 def engine_args(**kwargs: Any):
-    """``AsyncEngineArgs`` for an ``AsyncLLM`` server on the RL engine."""
+    """``AsyncEngineArgs`` for an ``AsyncLLM`` server on the RL engine.  With ``arrol=``
+    the V1 model runner is selected for the whole process (the engine starts later)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    if kwargs.get("arrol"):
+        from vllm_rl.arrol.config import use_v1_runner
+
+        use_v1_runner()
     return AsyncEngineArgs(**_defaults(kwargs))
 
 
@@ -188,5 +190,5 @@ def server_args(das: Any = None, arrol: Any = None) -> list[str]:
                 "--speculative-config", json.dumps(kw["speculative_config"])]
     if extra:
         args += ["--additional-config", json.dumps(extra), "--worker-extension-cls",
-                 WORKER_EXTENSION]
+                 WORKER_EXTENSION_CLS]
     return args

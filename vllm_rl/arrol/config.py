@@ -6,10 +6,10 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from vllm_rl import WORKER_EXTENSION_CLS
 from vllm_rl.flags import FlagError
 
 CONFIG_KEY = "vllm_rl_arrol"          # additional_config key of an ARRoL engine
-WORKER_EXTENSION = "vllm_rl.worker.RLWorkerExtension"
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
@@ -63,7 +63,7 @@ class ArrolConfig:
 
     def engine_kwargs(self) -> dict[str, Any]:
         return {"additional_config": {CONFIG_KEY: self.to_dict()},
-                "worker_extension_cls": WORKER_EXTENSION}
+                "worker_extension_cls": WORKER_EXTENSION_CLS}
 
 
 def use_v1_runner() -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -99,6 +99,23 @@ def load_head_state(head: Any) -> dict:
     return head
 
 
+def _calibration(value: Any) -> rule.Calibration | None:
+    """A :class:`Calibration` from itself, its dict, or None."""
+    if value is None or isinstance(value, rule.Calibration):
+        return value
+    return rule.Calibration.from_dict(value)
+
+
+def scorer_of(runner) -> "HeadScorer | None":
+    """The runner's scorer, made on first use on an ARRoL engine (its additional_config
+    names the head); None, remembered, on any other engine."""
+    if "vllm_rl_arrol" not in runner.__dict__:
+        cfg = ArrolConfig.from_vllm_config(runner.vllm_config)
+        runner.vllm_rl_arrol = None if cfg is None else HeadScorer(
+            cfg, runner.model_config.get_hidden_size(), runner.device)
+    return runner.vllm_rl_arrol
+
+
 class HeadScorer:
     """Per model runner: the current :class:`Head` and which requests were scored."""
 
@@ -118,28 +135,22 @@ class HeadScorer:
 
             torch.manual_seed(cfg.seed)
             state = QualityHead(hidden_size, cfg.width, cfg.activation).export(0)
-        self.head = self._build(state, cfg.calibration, version=int(state.get("version", 0)))
-
-    @classmethod
-    def for_runner(cls, runner) -> "HeadScorer":
-        cfg = ArrolConfig.from_vllm_config(runner.vllm_config)
-        return cls(cfg, runner.model_config.get_hidden_size(), runner.device)
+        self.head = replace(self._build(state, int(state.get("version", 0))),
+                            calibration=_calibration(cfg.calibration))
 
     # ------------------------------------------------------------------ updates
-    def _build(self, state: dict, calibration: Any, version: int) -> Head:
+    def _build(self, state: dict, version: int) -> Head:
+        """Checked weights on the runner's device, no calibration."""
         from vllm_rl.control.arrol import check_head_state
 
         check_head_state(state, hidden_size=self.hidden_size)
         width = int(state["width"])
-        cal = calibration
-        if isinstance(cal, dict):
-            cal = rule.Calibration.from_dict(cal)
         return Head(
             w1=_tensor(state["w1"], (width, self.hidden_size), "w1", self.device),
             b1=_tensor(state["b1"], (width,), "b1", self.device),
             w2=_tensor(state["w2"], (width,), "w2", self.device),
             b2=_tensor(state["b2"], (), "b2", self.device),
-            activation=state["activation"], calibration=cal, version=version)
+            activation=state["activation"], calibration=None, version=version)
 
     def update(self, head: Any = None, calibration: Any = None, cold_start: bool = False,
                version: int | None = None) -> int:
@@ -153,18 +164,10 @@ class HeadScorer:
         if cold_start and calibration is not None:
             raise ValueError("arrol_update: cold_start=True and a calibration together")
         new_version = cur.version + 1 if version is None else int(version)
-        if head is not None:
-            state = load_head_state(head)
-            nxt = self._build(state, None, new_version)
-        else:
-            nxt = Head(cur.w1, cur.b1, cur.w2, cur.b2, cur.activation, None, new_version)
-        cal = cur.calibration
-        if cold_start:
-            cal = None
-        elif calibration is not None:
-            cal = calibration if isinstance(calibration, rule.Calibration) else \
-                rule.Calibration.from_dict(calibration)
-        self.head = Head(nxt.w1, nxt.b1, nxt.w2, nxt.b2, nxt.activation, cal, new_version)
+        weights = cur if head is None else self._build(load_head_state(head), new_version)
+        cal = None if cold_start else (
+            cur.calibration if calibration is None else _calibration(calibration))
+        self.head = replace(weights, calibration=cal, version=new_version)
         return new_version
 
     def info(self) -> dict[str, Any]:

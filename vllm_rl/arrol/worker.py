@@ -12,22 +12,17 @@ from typing import Any
 
 class ArrolWorkerExtension:
     def _arrol(self):
-        runner = getattr(self, "model_runner", None)
-        scorer = getattr(runner, "vllm_rl_arrol", None) if runner is not None else None
-        if scorer is not None:
-            return scorer
-        from vllm_rl.arrol.config import CONFIG_KEY
-        from vllm_rl.arrol.scorer import HeadScorer
+        from vllm_rl.arrol.scorer import scorer_of
 
-        extra = getattr(getattr(runner, "vllm_config", None), "additional_config", None) or {}
-        if runner is None or CONFIG_KEY not in extra:
-            raise RuntimeError("this engine was started without an ARRoL quality head "
-                               "(use vllm_rl.LLM(arrol=...))")
-        if not hasattr(runner, "execute_model_state"):
+        runner = getattr(self, "model_runner", None)
+        if runner is not None and not hasattr(runner, "execute_model_state"):
             raise RuntimeError(f"ARRoL needs vLLM's V1 model runner; this worker runs "
                                f"{type(runner).__name__}")
-        runner.vllm_rl_arrol = HeadScorer.for_runner(runner)
-        return runner.vllm_rl_arrol
+        scorer = scorer_of(runner) if runner is not None else None
+        if scorer is None:
+            raise RuntimeError("this engine was started without an ARRoL quality head "
+                               "(use vllm_rl.LLM(arrol=...))")
+        return scorer
 
     def arrol_update(self, head: Any = None, calibration: Any = None,
                      cold_start: bool = False, version: int | None = None) -> int:

@@ -134,7 +134,7 @@ class RLSchedulerMixin(TraceMixin):
             return new_token_ids, True
         if stopped:
             self._record_end(request, member, _natural_reason(request))
-        elif member.arrol is not None and member.arrol[3] and member.arrol_pending:
+        elif member.arrol_pending:         # pruned by its ARRoL verdict this step
             member.arrol_pending = False
             request.status = EARLY_END_STATUS
             self._record_end(request, member, Reason.ARROL_PRUNED)

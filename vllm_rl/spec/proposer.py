@@ -173,7 +173,7 @@ class DASProposer:
         self._batch = len(req_ids)
         self._context = float(np.sum(num_tokens_no_spec[:self._batch])) / max(self._batch, 1)
         if self.cfg.batch_cap == "cost":
-            cap, k_cap = 1.0, self._cost_cap(len(req_ids), len(live), num_tokens_no_spec)
+            cap, k_cap = 1.0, self._cost_cap(len(req_ids), len(live))
             if k_cap == 0:
                 self._undrafted += 1
                 if self._undrafted >= PROBE_EVERY:       # fresh acceptance evidence
@@ -202,17 +202,16 @@ class DASProposer:
         contexts = [max(0, int(num_tokens_no_spec[i]) - w) for i, w in enumerate(widths)]
         self.cost.observe(widths, contexts, (now - last) * 1e3)
 
-    def _cost_cap(self, batch: int, drafting: int, num_tokens_no_spec) -> int:
+    def _cost_cap(self, batch: int, drafting: int) -> int:
         """Sec. 4.2.1's batch cap from the step-cost model: the draft length that makes
         this step cheapest per generated token (:func:`policy.cost_cap`)."""
-        context = self._context
         recent = list(islice(reversed(self.verify_log), 64))
         prop = sum(x[1] for x in recent)
         acc = sum(x[2] for x in recent)
         q = policy.chain_acceptance(prop, acc, acc + sum(x[0] for x in recent))
         q = 0.5 if q is None else min(max(q, 0.05), 0.95)
         width = lambda k: 1.0 + k * drafting / batch   # noqa: E731
-        return policy.cost_cap(lambda k: self.cost.uniform_ms(batch, width(k), context),
+        return policy.cost_cap(lambda k: self.cost.uniform_ms(batch, width(k), self._context),
                                batch, drafting, q, self.k_max)
 
     # ------------------------------------------------------------------ requests
