@@ -59,7 +59,8 @@ setup(
     python_requires=">=3.10",
     packages=packages,
     package_dir=package_dir,
-    package_data={"vllm_rl.task": ["model/*"], "vllm_rl.cost": ["data/*.json"]},
+    package_data={"vllm_rl.task": ["model/*"], "vllm_rl.cost": ["data/*.json"],
+                  "vllm_rl.integrations.verl": ["*.yaml"]},
     include_package_data=True,
     ext_modules=ext_modules(),
     cmdclass={"build_ext": CMakeBuild},
@@ -68,6 +69,8 @@ setup(
     entry_points={
         "vllm.general_plugins": ["vllm_rl = vllm_rl.plugin:register"],
         "vllm.endpoint_plugins": ["vllm_rl = vllm_rl.endpoint:RLEndpoints"],
+        "console_scripts": ["vllm-rl = vllm_rl.cli:main"],
+        "verl.plugins": ["vllm_rl = vllm_rl.integrations.verl.plugin"],
     },
     zip_safe=False,
 )

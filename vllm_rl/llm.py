@@ -30,6 +30,25 @@ def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
 
     from vllm_rl.task import MODEL_PATH
 
+    kwargs = _rl_kwargs(kwargs)
+    kwargs.setdefault("model", str(MODEL_PATH))
+    if current_platform.is_cpu() and "gpu_memory_utilization" not in kwargs:
+        kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+    return kwargs
+
+
+def rl_engine_kwargs(das: Any = None, arrol: Any = None, cost: Any = None,
+                     trace: bool = False) -> dict[str, Any]:
+    """The vLLM engine keywords that make an engine the RL engine (scheduler, DAS drafter,
+    ARRoL head, cost model, step trace), for a framework that builds its own engine
+    arguments (verl's server).  ``worker_extension_cls`` is
+    :data:`vllm_rl.WORKER_EXTENSION_CLS` where DAS or ARRoL need it: a framework with its
+    own extension combines the two classes.  With ``arrol`` the process must select the
+    V1 model runner before the engine starts (:func:`vllm_rl.arrol.config.use_v1_runner`)."""
+    return _rl_kwargs({"das": das, "arrol": arrol, "cost": cost, "trace": trace})
+
+
+def _rl_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     extra = {}
     if kwargs.pop("trace", False):          # record every engine step (engine.trace)
         extra[TRACE_KEY] = True
@@ -60,11 +79,8 @@ def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs["additional_config"] = {**(kwargs.get("additional_config") or {}),
                                        **cfg["additional_config"]}
         kwargs.setdefault("worker_extension_cls", cfg["worker_extension_cls"])
-    kwargs.setdefault("model", str(MODEL_PATH))
     kwargs.setdefault("scheduler_cls", SCHEDULER_CLS)
     kwargs.setdefault("async_scheduling", True)
-    if current_platform.is_cpu() and "gpu_memory_utilization" not in kwargs:
-        kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
     return kwargs
 
 
