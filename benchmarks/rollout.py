@@ -1,5 +1,8 @@
 """Rollout benchmark: one RL rollout step over the held-out prompts, RL techniques vs stock vLLM.
 
+This is the full matrix (``vllm-rl bench --full`` runs it); ``vllm-rl bench`` is the quick
+one (:mod:`vllm_rl.bench.quick`: every technique alone and combined, in minutes).
+
     python benchmarks/rollout.py                       # all configurations, embedded model
     python benchmarks/rollout.py --configs darts-shortest --repeats 3 --model PATH
     python benchmarks/rollout.py --suite das           # only the DAS epochs (das_rollout.py)
@@ -28,12 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 for _p in (ROOT, ROOT / "benchmarks"):
@@ -41,178 +42,10 @@ for _p in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(_p))
 
 
-@dataclass(frozen=True)
-class Config:
-    """One way of producing the training groups of a step."""
-
-    name: str
-    engine: str                 # "stock" or "rl"
-    n: int                      # samples generated per prompt (M or M')
-    keep: int                   # samples per prompt that enter training (M)
-    flags: Callable[[int, int], dict] | None = None   # (M, M') -> extra_args
-    baseline: str | None = None  # the stock configuration it is compared with
-
-
-# DUET's answer marker for the embedded task: its completions end "\boxed{ N }" and EOS,
-# with no blank line after the box, so the built-in math marker would never fire.
-TASK_MARKER = r"\\boxed\{[^}]*\}"
-
-
-def configs(m: int, m_prime: int, duet_flags: dict | None = None) -> dict[str, Config]:
-    from vllm_rl import rl_params
-
-    def darts(mode: str):
-        return lambda mm, mp: rl_params(group={"size": mm}, darts={"mode": mode})
-
-    stock_big, stock_small = f"stock-{m_prime}", f"stock-{m}"
-    cfgs = [
-        Config(stock_big, "stock", m_prime, m_prime),
-        Config(stock_small, "stock", m, m),
-        Config("darts-shortest", "rl", m_prime, m, darts("shortest"), stock_big),
-        Config("darts-dual-end", "rl", m_prime, m, darts("dual_end"), stock_big),
-    ]
-    if duet_flags is not None:
-        cfgs.append(Config("duet", "rl", m, m, lambda mm, mp: rl_params(duet=duet_flags),
-                           stock_small))
-    return {c.name: c for c in cfgs}
-
-
-def duet_thresholds(llm, prompts: list[str], max_tokens: int, seed: int) -> dict:
-    """DUET flags as a trainer would send them: K1 = p30 and K2 = p80 of the kept lengths
-    of a previous step (here an untimed calibration step, App. A.3), and G = 150 scaled
-    from the paper's 3072-token limit to this one."""
-    from vllm import SamplingParams
-
-    from vllm_rl.control.duet import percentile
-
-    outs = llm.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=max_tokens,
-                                                seed=seed), use_tqdm=False)
-    lengths = [len(c.token_ids) for o in outs for c in o.outputs if c.finish_reason == "stop"]
-    return {"k1": round(percentile(lengths, 30)), "k2": round(percentile(lengths, 80)),
-            "grace": max(1, round(150 * max_tokens / 3072)),
-            "eps": 0.05, "pattern": TASK_MARKER}
-
-
-@dataclass
-class Run:
-    config: str
-    repeat: int
-    wall_s: float
-    generated_tokens: int
-    engine_steps: int
-    tokens_per_s: float
-    group_done_p50_s: float
-    group_done_p90_s: float
-    group_done_max_s: float
-    kept_samples: int
-    kept_mean_reward: float
-    kept_mean_length: float
-    projected_ms: float = 0.0        # the same engine steps priced on the H100 8B table
-    aborted_share: float = 0.0       # DUET: aborted at the gate
-    eps_kept_share: float = 0.0      # DUET: kept by the coin, weight 1/eps
-    reasons: dict[str, int] = field(default_factory=dict)
-
-
-def run_once(llm, cfg: Config, prompts: list[str], m: int, seed: int, max_tokens: int,
-             repeat: int, cost=None) -> Run:
-    """Drive the engine's step loop over one rollout step; time each group's completion."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    from vllm_rl.engine.trace import engine_trace
-    from vllm_rl.llm import attach_rollout_info
-    from vllm_rl.task import reward
-
-    extra = cfg.flags(m, cfg.n) if cfg.flags else None
-    params = SamplingParams(n=cfg.n, temperature=1.0, max_tokens=max_tokens, seed=seed,
-                            extra_args=extra, output_kind=RequestOutputKind.FINAL_ONLY)
-    engine = llm.llm_engine
-    trace = engine_trace(llm) if cost is not None else None
-    mark = trace.mark() if trace is not None else 0
-    t0 = time.perf_counter()
-    ids = {}
-    for i, prompt in enumerate(prompts):
-        rid = f"{cfg.name}-{repeat}-{i}"
-        ids[rid] = i
-        engine.add_request(rid, prompt, params)
-    done: dict[int, float] = {}
-    outputs = [None] * len(prompts)
-    steps = 0   # the engine core sends one batch of outputs per engine step
-    while engine.has_unfinished_requests():
-        steps += 1
-        for out in engine.step():
-            if out.finished:  # FINAL_ONLY: one output per request, all n samples in it
-                i = ids[out.request_id]
-                outputs[i] = out
-                done[i] = time.perf_counter() - t0
-    wall = time.perf_counter() - t0
-    projected = trace.since(mark).project(cost).total_ms if trace is not None else 0.0
-    attach_rollout_info(outputs, [params] * len(outputs))
-    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    kept, reasons, eps_kept = [], {}, 0
-    for prompt, out in zip(prompts, outputs):
-        for c in out.outputs:
-            info = c.rollout_info
-            reasons[info.reason.value] = reasons.get(info.reason.value, 0) + 1
-            eps_kept += info.weight > 1.0
-            if info.weight > 0:           # in the training group (stock: every sample)
-                kept.append((reward(prompt, c.text), len(c.token_ids)))
-    n_samples = sum(len(o.outputs) for o in outputs)
-    times = sorted(done.values())
-    q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
-    return Run(cfg.name, repeat, wall, tokens, steps, tokens / wall, statistics.median(times),
-               q[8], times[-1], len(kept), statistics.mean(r for r, _ in kept),
-               statistics.mean(n for _, n in kept), projected,
-               reasons.get("duet_aborted", 0) / n_samples, eps_kept / n_samples, reasons)
-
-
-def summarize(runs: list[Run], cfgs: dict[str, Config]) -> list[dict]:
-    by: dict[str, list[Run]] = {}
-    for r in runs:
-        by.setdefault(r.config, []).append(r)
-    med = {name: {k: statistics.median(getattr(r, k) for r in rs)
-                  for k in ("wall_s", "generated_tokens", "engine_steps", "tokens_per_s",
-                            "group_done_p50_s", "group_done_p90_s", "group_done_max_s",
-                            "kept_mean_reward", "kept_mean_length", "projected_ms",
-                            "aborted_share",
-                            "eps_kept_share")}
-           for name, rs in by.items()}
-    rows = []
-    for name, s in med.items():
-        base = cfgs[name].baseline
-        row = {"config": name, **s, "repeats": len(by[name])}
-        for stock in [base] + [c for c in med if cfgs[c].engine == "stock" and c != base]:
-            if stock and stock in med:
-                row[f"wall_vs_{stock}"] = s["wall_s"] / med[stock]["wall_s"]
-                if s["projected_ms"]:
-                    row[f"h100_vs_{stock}"] = med[stock]["projected_ms"] / s["projected_ms"]
-                row[f"tokens_vs_{stock}"] = s["generated_tokens"] / med[stock]["generated_tokens"]
-        rows.append(row)
-    return rows
-
-
-COLUMNS = [  # (key, header, format)
-    ("config", "config", "{}"), ("wall_s", "wall s", "{:.2f}"),
-    ("generated_tokens", "tokens", "{:.0f}"), ("engine_steps", "steps", "{:.0f}"),
-    ("tokens_per_s", "tok/s", "{:.0f}"), ("group_done_p50_s", "grp p50 s", "{:.2f}"),
-    ("group_done_p90_s", "grp p90 s", "{:.2f}"), ("group_done_max_s", "grp max s", "{:.2f}"),
-    ("kept_mean_reward", "kept reward", "{:.3f}"), ("kept_mean_length", "kept len", "{:.1f}"),
-    ("projected_ms", "H100 8B ms (proj., --project)", "{:.0f}"),
-    ("aborted_share", "aborted", "{:.3f}"), ("eps_kept_share", "eps-kept", "{:.3f}"),
-]
-
-
-def print_table(rows: list[dict]) -> None:
-    ratios = sorted({k for r in rows for k in r
-                     if k.startswith(("wall_vs_", "tokens_vs_", "h100_vs_"))})
-    cols = [c for c in COLUMNS if c[0] != "projected_ms"
-            or any(r.get("projected_ms") for r in rows)] + [(k, k, "{:.3f}") for k in ratios]
-    cells = [[h for _, h, _ in cols]]
-    cells += [[fmt.format(r[k]) if k in r else "" for k, _, fmt in cols] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    for row in cells:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                        for i, (c, w) in enumerate(zip(row, widths))))
+# The measuring core lives in the package (``vllm-rl bench`` runs on it too).
+from vllm_rl.bench.step import (COLUMNS, TASK_MARKER, Config, Run, configs,  # noqa: E402,F401
+                                duet_thresholds, interleave as _interleave, print_table,
+                                run_once, summarize)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -315,13 +148,6 @@ def step_suite(args, ap) -> None:
     print(f"\nwrote {path}")
     for llm in engines.values():       # free the cores before another suite starts
         llm.llm_engine.engine_core.shutdown()
-
-
-def _interleave(stocks: list[Config], rls: list[Config]) -> list[Config]:
-    out = []
-    for i in range(max(len(stocks), len(rls))):
-        out += stocks[i:i + 1] + rls[i:i + 1]
-    return out
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ import importlib
 import inspect
 from typing import Any, Callable
 
-MODULES = ("input_validation", "proposer_context", "cpu_spec_expand", "arrol_capture")
+MODULES = ("input_validation", "proposer_context", "cpu_spec_expand", "arrol_capture",
+           "output_metrics")
 
 
 class PatchMismatch(RuntimeError):

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Install if needed, then run the main job: the rollout benchmark on the embedded model
-# (extra arguments go to benchmarks/rollout.py, e.g. --help).
+# Install if needed, then run the main job: `vllm-rl bench`, the rollout benchmark on the
+# embedded model (every technique and all combined vs stock vLLM, a few minutes; extra
+# arguments go to it: `bash scripts/rollout.sh --help`, `--full` for the whole matrix).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec "${VLLM_RL_VENV:-.venv}/bin/python" benchmarks/rollout.py "$@"
+venv="${VLLM_RL_VENV:-.venv}"
+if [[ -x "$venv/bin/vllm-rl" ]]; then
+  exec "$venv/bin/vllm-rl" bench "$@"
+fi
+exec "$venv/bin/python" -m vllm_rl.cli bench "$@"   # an environment from before the script

@@ -202,7 +202,7 @@ def test_capture_inside_multi_token_das_steps(das_llm, hf_model, prompts):
 
 
 def test_all_four_techniques_in_one_request(das_llm, prompts):
-    from tests.conftest import shortest_violations
+    from conftest import shortest_violations
 
     v = das_llm.arrol_update(calibration=_flat_calibration())
     L, m, n = 24, 4, 8

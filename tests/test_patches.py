@@ -6,7 +6,7 @@ import vllm
 
 import vllm_rl.patches as patches
 from vllm_rl.patches import (PatchMismatch, arrol_capture, cpu_spec_expand, input_validation,
-                              proposer_context)
+                              output_metrics, proposer_context)
 
 
 @pytest.mark.parametrize("mod", patches.all_patches(), ids=lambda m: m.__name__)
@@ -121,3 +121,52 @@ def test_arrol_engine_refuses_model_runner_v2():
         check_runner(v2)
     check_runner(SimpleNamespace(additional_config={}, use_v2_model_runner=True))
     check_runner(SimpleNamespace(additional_config={CONFIG_KEY: {}}, use_v2_model_runner=False))
+
+
+def test_output_metrics_check_fails_loudly_on_a_changed_target(monkeypatch):
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestState
+
+    output_metrics.check()
+    original = RequestState.make_request_output
+
+    def make_request_output(self, new_token_ids, pooling_output, stop_reason, finish_reason):
+        return original(self, new_token_ids, pooling_output, finish_reason, stop_reason)
+
+    monkeypatch.setattr(RequestState, "make_request_output", make_request_output)
+    with pytest.raises(PatchMismatch, match="make_request_output"):
+        output_metrics.check()
+    monkeypatch.undo()
+
+    def add_request(self, prompt, request):         # arguments reordered
+        return None
+
+    monkeypatch.setattr(OutputProcessor, "add_request", add_request)
+    with pytest.raises(PatchMismatch, match="add_request"):
+        output_metrics.check()
+
+
+def test_output_metrics_counts_a_finished_output_before_vllms_body():
+    """The wrapper counts a finished output with a record, skips unfinished ones, and
+    then runs vLLM's own body; applying twice wraps once."""
+    from types import SimpleNamespace
+
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.engine.output_processor import RequestState
+
+    from vllm_rl import Reason, RolloutInfo
+    from vllm_rl.metrics import snapshot
+
+    output_metrics.apply()
+    wrapped = RequestState.make_request_output
+    output_metrics.apply()
+    assert RequestState.make_request_output is wrapped and wrapped._vllm_rl_patched
+    record = RolloutInfo(Reason.DUET_TRIMMED, 20, 1.0).encode()
+    key = 'vllm_rl:samples_ended_total{reason="duet_trimmed"}'
+    saved = 'vllm_rl:tokens_saved_estimated_total{reason="duet_trimmed"}'
+    before = snapshot()
+    for finish in (None, FinishReason.ABORT):
+        state = SimpleNamespace(max_tokens_param=50, detokenizer=None)
+        with pytest.raises(AttributeError):         # vLLM's body ran on the fake state
+            RequestState.make_request_output(state, [], None, finish, record)
+    after = snapshot()
+    assert after[key] - before[key] == 1 and after[saved] - before[saved] == 30

@@ -1,21 +1,53 @@
 """HTTP routes of the RL engine's server: a ``vllm.endpoint_plugins`` entry point.
 
-``POST /vllm_rl/arrol`` loads ARRoL head weights and/or a calibration into the running
-server (the same as ``vllm_rl.LLM.arrol_update``); ``GET /vllm_rl/arrol`` returns the
-head's version, shape, calibration and counts.  The engine side is the worker extension
-(:mod:`vllm_rl.arrol.worker`, installed with the engine); this plugin only exposes it.
+- ``POST /vllm_rl/arrol`` loads ARRoL head weights and/or a calibration into the running
+  server (the same as ``vllm_rl.LLM.arrol_update``); ``GET /vllm_rl/arrol`` returns the
+  head's version, shape, calibration and counts.
+- ``POST /vllm_rl/das/prebuild`` fills a problem's DAS tree with past rollouts (token ids,
+  or texts the server tokenizes); ``POST /vllm_rl/das/clear`` drops one tree or all;
+  ``GET /vllm_rl/das/stats`` gives trees, memory and acceptance (``vllm_rl.LLM.das_*``).
+- ``POST /vllm_rl/reload_weights`` reloads the model's weights in place from disk (the
+  served checkpoint, or ``{"path": ...}``: a local folder, same architecture) through the
+  worker's own ``reload_weights``, then resets the prefix cache.  DAS trees and the ARRoL
+  head stay.  Call it between steps: running requests continue on the new weights.
 
-vLLM loads endpoint plugins only when ``VLLM_PLUGINS`` names them;
-``python -m vllm_rl.serve`` adds ``vllm_rl`` to it.
+The engine side is the worker extension (:mod:`vllm_rl.worker`, installed with the
+engine) and vLLM's worker; this plugin only exposes them.  vLLM loads endpoint plugins
+only when ``VLLM_PLUGINS`` names them; ``vllm-rl serve`` adds ``vllm_rl`` to it.
 
     curl -X POST localhost:8000/vllm_rl/arrol -d '{"calibration": {...}}'
     {"version": 3}
 """
 
+import json
+import time
 from typing import Any
 
 # (no `from __future__ import annotations`: FastAPI reads the route annotations at runtime)
 UPDATE_KEYS = ("head", "calibration", "cold_start", "version")
+
+
+def _token_ids(client, value) -> list[int]:
+    """Token ids as given, or a text tokenized with the served model's tokenizer."""
+    if isinstance(value, str):
+        return list(client.get_tokenizer().encode(value, add_special_tokens=False))
+    if not isinstance(value, list) or not all(isinstance(t, int) for t in value):
+        raise ValueError("a rollout or prompt is a list of token ids or a string")
+    return value
+
+
+def _check_weights_dir(path) -> None:
+    """A reload path must be a local folder with weight files (no hub ids: the worker
+    would download, and vLLM's reload takes the engine down when it fails)."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    folder = Path(str(path))
+    if not folder.is_dir():
+        raise ValueError(f"path {str(path)!r}: not a folder on the server")
+    if not any(any(folder.glob(p)) for p in ("*.safetensors", "*.bin", "*.pt")):
+        raise ValueError(f"path {str(path)!r}: no *.safetensors / *.bin / *.pt weight files")
 
 
 class RLEndpoints:
@@ -56,6 +88,76 @@ class RLEndpoints:
                 return (await raw.app.state.engine_client.collective_rpc("arrol_info"))[0]
             except Exception as e:
                 return _error(400, f"arrol_info: {e}")
+
+        async def _body(raw: Request, keys: tuple[str, ...], required: tuple[str, ...] = ()):
+            """The JSON object of a request (empty body: {}), or an error response."""
+            data = await raw.body()
+            try:
+                body: Any = json.loads(data) if data.strip() else {}
+            except ValueError:
+                return None, _error(400, "body: a JSON object")
+            if not isinstance(body, dict) or set(body) - set(keys) or set(required) - set(body):
+                return None, _error(400, f"body: a JSON object with keys among {list(keys)}"
+                                         + (f", {list(required)} required" if required else ""))
+            return body, None
+
+        @router.post("/vllm_rl/das/prebuild")
+        async def das_prebuild(raw: Request):
+            body, err = await _body(raw, ("problem_id", "rollouts", "prompt",
+                                          "prompt_token_ids"), ("problem_id", "rollouts"))
+            if err:
+                return err
+            client = raw.app.state.engine_client
+            try:
+                rollouts = [_token_ids(client, r) for r in body["rollouts"]]
+                prompt = body.get("prompt_token_ids")
+                if prompt is None and body.get("prompt") is not None:
+                    prompt = _token_ids(client, body["prompt"])
+                added = (await client.collective_rpc(
+                    "das_prebuild", args=(str(body["problem_id"]), rollouts, prompt)))[0]
+            except Exception as e:        # no drafter, bad token ids
+                return _error(400, f"das_prebuild: {e}")
+            return {"problem_id": str(body["problem_id"]), "rollouts": added}
+
+        @router.post("/vllm_rl/das/clear")
+        async def das_clear(raw: Request):
+            body, err = await _body(raw, ("problem_id",))
+            if err:
+                return err
+            try:
+                dropped = (await raw.app.state.engine_client.collective_rpc(
+                    "das_clear", args=(body.get("problem_id"),)))[0]
+            except Exception as e:
+                return _error(400, f"das_clear: {e}")
+            return {"dropped": dropped}
+
+        @router.get("/vllm_rl/das/stats")
+        async def das_stats(raw: Request):
+            try:
+                return (await raw.app.state.engine_client.collective_rpc("das_stats"))[0]
+            except Exception as e:
+                return _error(400, f"das_stats: {e}")
+
+        @router.post("/vllm_rl/reload_weights")
+        async def reload_weights(raw: Request):
+            body, err = await _body(raw, ("path", "reset_prefix_cache"))
+            if err:
+                return err
+            client = raw.app.state.engine_client
+            try:            # vLLM's reload kills the engine on a bad path: check it here
+                _check_weights_dir(body.get("path"))
+            except ValueError as e:
+                return _error(400, f"reload_weights: {e}")
+            t0 = time.perf_counter()
+            try:
+                await client.collective_rpc("reload_weights",
+                                            kwargs={"weights_path": body.get("path")})
+                if body.get("reset_prefix_cache", True):
+                    await client.reset_prefix_cache()
+            except Exception as e:        # a missing path, another architecture
+                return _error(400, f"reload_weights: {e}")
+            return {"reloaded": True, "path": body.get("path"),
+                    "seconds": round(time.perf_counter() - t0, 3)}
 
         app.include_router(router)
 

@@ -1,0 +1,167 @@
+"""One live ``python -m vllm_rl.serve`` for the tests that need every section at once.
+
+The server runs the embedded model with the DAS drafter and an ARRoL head (so group,
+darts, duet, das and arrol flags are all valid), the multiprocess engine (engine core
+in its own process, ``/metrics`` served by the API server).  :func:`shared_server`
+starts it once per pytest process and stops it at exit, so ``tests/test_metrics.py``
+and ``tests/test_soak.py`` share it.
+"""
+from __future__ import annotations
+
+import atexit
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from conftest import MAX_MODEL_LEN
+from vllm_rl import server_args
+from vllm_rl.llm import CPU_KV_CACHE_BYTES
+from vllm_rl.metrics import parse
+from vllm_rl.task import MODEL_PATH
+
+DAS = {"batch_cap": "linear"}      # budgets that do not depend on this machine's step times
+_server: dict | None = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shared_server() -> str:
+    """The base URL of the shared server, started on first use."""
+    global _server
+    if _server is not None:
+        if _server["proc"].poll() is not None:
+            raise RuntimeError("the shared vllm_rl server died:\n" + _log_tail())
+        return _server["base"]
+    port = _free_port()
+    log = Path(tempfile.mkdtemp(prefix="vllm-rl-server-")) / "serve.log"
+    cmd = [sys.executable, "-m", "vllm_rl.serve", str(MODEL_PATH),
+           "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
+           "--max-model-len", str(MAX_MODEL_LEN),
+           "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES),
+           *server_args(das=DAS, arrol=True), "--arrol"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    _server = {"proc": proc, "base": base, "log": log}
+    atexit.register(_stop)
+    deadline = time.time() + 240
+    while True:
+        try:
+            urllib.request.urlopen(base + "/health", timeout=2)
+            return base
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                tail = _log_tail()
+                _stop()
+                raise RuntimeError("vllm_rl.serve did not come up:\n" + tail)
+            time.sleep(1)
+
+
+def _log_tail() -> str:
+    return _server["log"].read_text()[-4000:] if _server else ""
+
+
+def _stop() -> None:
+    global _server
+    if _server is None:
+        return
+    proc, _server = _server["proc"], None
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# ----------------------------------------------------------------------------- client
+def call(base: str, path: str, body: dict | None = None, timeout: float = 120):
+    """(status, JSON body) of a GET (no body) or POST."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raw = e.read() or b"{}"
+        try:
+            return e.code, json.loads(raw)
+        except json.JSONDecodeError:
+            return e.code, {"raw": raw.decode(errors="replace")}
+
+
+def stream(base: str, body: dict, stop_after: int | None = None, timeout: float = 120):
+    """A streamed completion: (status, choices by index with their token_ids, text,
+    finish_reason and stop_reason accumulated, aborted).  ``stop_after`` chunks: close
+    the connection there (a client abort).  An error event in the stream (vLLM sends
+    HTTP 200 once streaming starts, then ``data: {"error": {..., "code": 400}}``)
+    gives that code as the status."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return resp.status, json.loads(resp.read() or b"{}"), False
+        choices: dict[int, dict] = {}
+        chunks = 0
+        for line in resp:
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            msg = json.loads(data)
+            if "error" in msg:
+                return int(msg["error"].get("code") or 500), msg, False
+            for c in msg.get("choices", []):
+                acc = choices.setdefault(c["index"], {"index": c["index"], "text": "",
+                                                      "token_ids": [], "finish_reason": None,
+                                                      "stop_reason": None})
+                acc["text"] += c.get("text") or ""
+                acc["token_ids"] += c.get("token_ids") or []
+                if c.get("finish_reason") is not None:
+                    acc["finish_reason"] = c["finish_reason"]
+                    acc["stop_reason"] = c.get("stop_reason")
+            chunks += 1
+            if stop_after is not None and chunks >= stop_after:
+                return 200, {"choices": [choices[i] for i in sorted(choices)]}, True
+        return 200, {"choices": [choices[i] for i in sorted(choices)]}, False
+    finally:
+        conn.close()
+
+
+def metrics(base: str) -> dict[str, float]:
+    """``GET /metrics`` as ``{'name{labels}': value}`` (vllm_rl:* and vllm:*)."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        return parse(r.read().decode())
+
+
+def wait_idle(base: str, deadline_s: float = 120) -> dict[str, float]:
+    """/metrics once no request is running or waiting and the KV cache is empty (or the
+    last page read when the deadline passes; the caller asserts on it)."""
+    from vllm_rl.metrics import total
+
+    end = time.time() + deadline_s
+    while True:
+        m = metrics(base)
+        idle = (total(m, "vllm:num_requests_running") == 0
+                and total(m, "vllm:num_requests_waiting") == 0
+                and total(m, "vllm:kv_cache_usage_perc") == 0)
+        if idle or time.time() > end:
+            return m
+        time.sleep(0.5)
