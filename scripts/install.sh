@@ -32,14 +32,14 @@ else
   "${pip[@]}" install -q "vllm==0.32.*"
 fi
 "${pip[@]}" install -q -e ".[test]"
-# verl, for the verl drop-in (vllm_rl.integrations.verl, tests/test_verl.py): --no-deps
+# verl and trl, for the drop-ins (vllm_rl.integrations, tests/test_verl.py, test_trl.py): verl --no-deps
 # beside vLLM (its pins conflict: vllm, transformers, torch), then the packages its rollout
 # server, agent loop and v1 trainer import, pinned as checked, with torch held where it is.
 torch_now=$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])")
 "${pip[@]}" install -q --no-deps "verl==0.9.1"
 "${pip[@]}" install -q "torch==$torch_now" "ray==2.60.0" "omegaconf==2.3.1" "hydra-core==1.3.8" \
   "codetiming==1.4.0" "tensordict==0.10.0" "torchdata==0.11.0" "pylatexenc==2.11" \
-  "datasets==5.2.0" "TransferQueue==0.1.11" "peft==0.21.2" "accelerate==1.15.0"
+  "datasets==5.2.0" "TransferQueue==0.1.11" "peft==0.21.2" "accelerate==1.15.0" "trl==1.16.0"
 "$venv/bin/python" -c "import vllm_rl, vllm; print('vllm_rl', vllm_rl.__version__, 'on vllm', vllm.__version__)"
 "$venv/bin/python" -m vllm_rl.integrations.verl
 echo "$want" > "$stamp"

@@ -59,13 +59,41 @@ async def _scenario(prompts):
             n=4, temperature=1.0, max_tokens=48, seed=3, output_kind=RequestOutputKind.FINAL_ONLY,
             extra_args=rl_params(arrol={"l_detect": 8, "return_hidden": True})))
         hidden_size = (await engine.collective_rpc("arrol_info"))[0]["hidden_size"]
-        return errors, out, after, (version, arrol, hidden_size)
+        reload = await _reload_while_serving(engine, prompts)
+        return errors, out, after, (version, arrol, hidden_size), reload
     finally:
         engine.shutdown()
 
 
+async def _reload_while_serving(engine, prompts):
+    """New weights while requests are in flight: "wait" lets them finish on the old
+    weights, "abort" ends them with the reason abort; the RL state stays."""
+    from transformers import AutoModelForCausalLM
+
+    from vllm_rl.task import MODEL_PATH
+    from vllm_rl.weights import load_weights_async
+
+    initial = AutoModelForCausalLM.from_pretrained(MODEL_PATH).state_dict()
+    halved = {k: v * 0.5 if "mlp" in k else v for k, v in initial.items()}
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    group = SamplingParams(n=8, temperature=1.0, max_tokens=256, seed=5,
+                           output_kind=RequestOutputKind.FINAL_ONLY,
+                           extra_args=rl_params(group={"size": 4}, darts={"mode": "shortest"}))
+    head = (await engine.collective_rpc("arrol_info"))[0]["version"]
+    before = await _collect(engine, "g0", prompts[4], greedy)
+    ended = {}
+    for mode, weights in (("wait", halved), ("abort", initial)):
+        flight = [asyncio.create_task(_collect(engine, f"{mode}-{i}", prompts[5 + i], group))
+                  for i in range(3)]
+        await asyncio.sleep(0.3)
+        await load_weights_async(engine, weights, mode=mode)
+        ended[mode] = [o for o in await asyncio.gather(*flight)]
+        ended[f"{mode}-greedy"] = await _collect(engine, f"g-{mode}", prompts[4], greedy)
+    return before, ended, head, (await engine.collective_rpc("arrol_info"))[0]["version"]
+
+
 def test_async_engine_serves_groups_and_rejects_bad_flags(prompts):
-    errors, out, after, (version, arrol, hidden_size) = asyncio.run(_scenario(prompts))
+    errors, out, after, (version, arrol, hidden_size), reload = asyncio.run(_scenario(prompts))
     assert set(errors) == set(BAD_FLAGS)
     for flag, err in errors.items():
         assert type(err).__name__ == "VLLMValidationError"
@@ -80,3 +108,17 @@ def test_async_engine_serves_groups_and_rejects_bad_flags(prompts):
     scored = [i for i in scored if i is not None and i.score is not None]
     assert scored and all(i.head_version == version and i.p == 0.5 for i in scored)
     assert all(i.hidden_state().shape == (hidden_size,) for i in scored)
+
+    before, ended, head, head_after = reload
+    assert head_after == head, "the ARRoL head survives weight reloads"
+    assert ended["wait-greedy"].outputs[0].text != before.outputs[0].text   # new weights
+    assert ended["abort-greedy"].outputs[0].text == before.outputs[0].text  # restored
+    for out in ended["wait"]:                      # finished on the old weights, whole
+        infos = [RolloutInfo.decode(c.stop_reason) for c in out.outputs]
+        assert all(i.reason is not Reason.ABORT for i in infos)
+    reasons = {(c.finish_reason, RolloutInfo.from_completion(c).reason)
+               for out in ended["abort"] for c in out.outputs}
+    assert ("abort", Reason.ABORT) in reasons, reasons     # ended now, and said so
+    for finish, reason in reasons:
+        if reason is Reason.ABORT:
+            assert finish == "abort"

@@ -1,7 +1,9 @@
 """The three ways to get the RL engine: offline :class:`LLM`, :func:`engine_args`, :func:`server_args`.
 
 All three set ``scheduler_cls`` to :class:`~vllm_rl.engine.scheduler.RLScheduler` with
-async scheduling on, and default the model to the embedded one.  ``das=True`` (or a
+async scheduling on (on vLLM's CPU platform, which schedules every engine synchronously,
+:class:`~vllm_rl.engine.scheduler.RLSyncScheduler`), and default the model to the
+embedded one.  ``das=True`` (or a
 dict / :class:`~vllm_rl.spec.config.DASConfig`) starts the DAS drafter instead: vLLM's
 ``custom_class`` speculative method with :class:`~vllm_rl.spec.proposer.DASProposer`,
 synchronous scheduling (:class:`~vllm_rl.engine.scheduler.RLSyncScheduler`) and the tree
@@ -14,7 +16,7 @@ from typing import Any, Sequence
 import vllm
 from vllm import SamplingParams
 
-from vllm_rl import SCHEDULER_CLS, WORKER_EXTENSION_CLS
+from vllm_rl import SCHEDULER_CLS, SYNC_SCHEDULER_CLS, WORKER_EXTENSION_CLS
 from vllm_rl.flags import extract, normalize, parse
 from vllm_rl.outcome import RolloutInfo, annotate_group
 
@@ -79,9 +81,21 @@ def _rl_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs["additional_config"] = {**(kwargs.get("additional_config") or {}),
                                        **cfg["additional_config"]}
         kwargs.setdefault("worker_extension_cls", cfg["worker_extension_cls"])
-    kwargs.setdefault("scheduler_cls", SCHEDULER_CLS)
-    kwargs.setdefault("async_scheduling", True)
+    sync = _cpu()        # vLLM's CPU platform turns async scheduling off for every engine
+    kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION_CLS)   # RL state + weights
+    kwargs.setdefault("scheduler_cls", SYNC_SCHEDULER_CLS if sync else SCHEDULER_CLS)
+    kwargs.setdefault("async_scheduling", not sync)
     return kwargs
+
+
+def _cpu() -> bool:
+    """On vLLM's CPU platform, which runs every engine with synchronous scheduling (stock
+    vLLM there is the plain ``Scheduler``): the RL engine takes
+    :class:`~vllm_rl.engine.scheduler.RLSyncScheduler` to match it, instead of the
+    ``AsyncScheduler``-based one running with async scheduling off."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 class LLM(vllm.LLM):
@@ -119,6 +133,13 @@ class LLM(vllm.LLM):
             params = list(sampling_params)
         attach_rollout_info(outputs, params)
         return outputs
+
+    # -- weights (an RL step's new policy) ---------------------------------------
+    def load_weights(self, weights) -> None:
+        """New weights in place, RL state kept (:func:`vllm_rl.weights.load_weights`)."""
+        from vllm_rl.weights import load_weights
+
+        load_weights(self, weights)
 
     # -- DAS trees (engines started with das=...) --------------------------------
     def das_prebuild(self, problem_id: str, rollouts, prompt_token_ids=None) -> int:
@@ -195,7 +216,9 @@ def server_args(das: Any = None, arrol: Any = None) -> list[str]:
         from vllm_rl.arrol.config import ArrolConfig
 
         extra.update(ArrolConfig.of(arrol).engine_kwargs()["additional_config"])
-    if not das:
+    if not das and _cpu():
+        args = ["--scheduler-cls", SYNC_SCHEDULER_CLS, "--no-async-scheduling"]
+    elif not das:
         args = ["--scheduler-cls", SCHEDULER_CLS, "--async-scheduling"]
     else:
         from vllm_rl.spec.config import DASConfig

@@ -1,0 +1,189 @@
+"""vllm_rl with TRL (the real ``trl`` package, pinned by the install) on the CPU.
+
+In-process GRPO through ``rollout_func`` with every technique's record in the loss, TRL's
+colocated mode on our engine, TRL's server-mode client against ``vllm-rl serve``, and
+weight reloads that keep the RL state.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from vllm_rl import Reason
+from vllm_rl.compat import vllm_version_shim
+
+vllm_version_shim()
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+MARKER = r"\\boxed\{[^}]*\}"
+
+
+def _initial_state():
+    from transformers import AutoModelForCausalLM
+
+    from vllm_rl.task import MODEL_PATH
+
+    return AutoModelForCausalLM.from_pretrained(MODEL_PATH).state_dict()
+
+
+def _greedy(llm, prompts):
+    from vllm import SamplingParams
+
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    return [o.outputs[0].text for o in outs]
+
+
+def test_load_weights_keeps_the_rl_state(das_llm, prompts):
+    """Weights reloaded into a running RL engine change its tokens, and leave the DAS
+    trees and the ARRoL head as they were; loading the originals back restores the tokens."""
+    from vllm_rl.weights import load_weights
+
+    initial = _initial_state()
+    das_llm.das_prebuild("reload-check", [[1, 2, 3, 4, 5]] * 2)
+    trees, head = das_llm.das_stats()["problems"], das_llm.arrol_info()["version"]
+    before = _greedy(das_llm, prompts[:4])
+    try:
+        load_weights(das_llm, {k: v * 0.5 if "mlp" in k else v for k, v in initial.items()})
+        changed = _greedy(das_llm, prompts[:4])
+        assert changed != before
+        assert das_llm.das_stats()["problems"] == trees
+        assert das_llm.arrol_info()["version"] == head
+    finally:
+        das_llm.load_weights(initial)
+        das_llm.das_clear("reload-check")
+    assert _greedy(das_llm, prompts[:4]) == before
+
+
+def test_rollout_func_trains_with_the_records_in_the_loss(das_llm):
+    """TRL's GRPOTrainer, rollouts from the RL engine through rollout_func with all four
+    techniques: M of M' per prompt come back, masked samples leave the loss (zero
+    advantage, env_mask 0), the weights are loaded into the engine every step."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from vllm_rl.integrations.trl.rollout import RolloutFunc, masked_reward
+    from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
+    from vllm_rl.outcome import RolloutInfo
+    from vllm_rl.task import MODEL_PATH, reward, train_prompts
+
+    m, m_prime = 4, 8
+    flags = {"darts": {"mode": "shortest"},
+             "duet": {"pattern": MARKER, "k1": 16, "k2": 32, "grace": 8, "eps": 0.5},
+             "das": {}, "arrol": {"l_detect": 16}}
+    seen = []
+
+    class Checked(RolloutFunc):
+        def __call__(self, prompts, trainer):
+            result = super().__call__(prompts, trainer)
+            for mask, weight, ids in zip(result["env_mask"], result["vllm_rl_weight"],
+                                         result["completion_ids"]):
+                assert len(mask) == len(ids) and set(mask) <= {0, 1}
+                assert (weight > 0) == all(mask)
+            self.records = [RolloutInfo.decode(r) for r in result["vllm_rl_record"]]
+            return result
+
+    class Capture(RLGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            seen.append((list(rollout.last_weights), out["advantages"].clone(), rollout.records))
+            return out
+
+    rollout = Checked(das_llm, flags, redundant=m_prime, max_tokens=128, seed=3)
+
+    def task_reward(prompts, completions, **_):
+        return [reward(p, c) for p, c in zip(prompts, completions)]
+
+    tok = AutoTokenizer.from_pretrained(MODEL_PATH)
+    config = GRPOConfig(output_dir="/tmp/vllm-rl-trl-test", max_steps=2,
+                        per_device_train_batch_size=2 * m, num_generations=m,
+                        learning_rate=1e-4, beta=0.0, max_completion_length=128, report_to=[],
+                        save_strategy="no", use_cpu=True, bf16=False, logging_steps=1,
+                        disable_tqdm=True, shuffle_dataset=False)
+    trainer = Capture(model=AutoModelForCausalLM.from_pretrained(MODEL_PATH),
+                      reward_funcs=[masked_reward(task_reward)], args=config,
+                      train_dataset=Dataset.from_dict({"prompt": train_prompts(8)}),
+                      processing_class=tok, rollout_func=rollout)
+    try:
+        trainer.train()
+    finally:
+        das_llm.load_weights(_initial_state())
+    assert rollout.loaded_step == 1, "the step-1 weights went into the engine"
+    assert len(seen) == 2
+    for weights, advantages, infos in seen:
+        assert len(weights) == len(advantages) == len(infos) == 2 * m
+        for w, a, info in zip(weights, advantages.tolist(), infos):
+            assert w == (0.0 if info.selected is False else info.weight)
+            if w == 0:
+                assert a == 0.0, "a masked sample has no advantage"
+            assert info.reason is not Reason.DARTS_CANCELLED or w == 0
+    assert all(len(group) == m_prime for group in rollout.last.infos)
+    assert any(i.reason is Reason.DARTS_CANCELLED for g in rollout.last.infos for i in g)
+
+
+COLOCATE = textwrap.dedent('''
+    import os
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    if __name__ == "__main__":
+        import torch
+        from vllm_rl.integrations.trl.colocate import ColocateLLM, use_vllm_rl
+        from datasets import Dataset
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from trl import GRPOConfig, GRPOTrainer
+        from vllm_rl.task import MODEL_PATH, reward, train_prompts
+
+        use_vllm_rl({"duet": {"pattern": r"%s", "k1": 16, "k2": 32, "grace": 8, "eps": 0.5}},
+                    max_model_len=512)
+        cfg = GRPOConfig(output_dir="/tmp/vllm-rl-trl-colocate", max_steps=2,
+                         per_device_train_batch_size=8, num_generations=4, learning_rate=1e-3,
+                         beta=0.0, max_completion_length=96, report_to=[], save_strategy="no",
+                         use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate",
+                         vllm_max_model_length=512, disable_tqdm=True)
+        r = lambda prompts, completions, **kw: [reward(p, c) for p, c in zip(prompts, completions)]
+        trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(MODEL_PATH),
+                              reward_funcs=[r], args=cfg, processing_class=AutoTokenizer.from_pretrained(MODEL_PATH),
+                              train_dataset=Dataset.from_dict({"prompt": train_prompts(16)}))
+        trainer.train()
+        llm = trainer.vllm_generation.llm
+        assert isinstance(llm, ColocateLLM), type(llm)
+        trainer.vllm_generation.sync_weights()      # TRL's own weight sync, one more time
+        engine = dict(llm._runner_model().named_parameters())["model.embed_tokens.weight"]
+        policy = trainer.model.model.embed_tokens.weight
+        assert torch.equal(engine.detach().cpu(), policy.detach().cpu().to(engine.dtype)), "synced"
+        print("REASONS", sorted({i.reason.value for i in llm.last_infos}))
+''') % MARKER
+
+
+def test_colocate_mode_runs_trl_on_our_engine(tmp_path):
+    """TRL's colocated vLLM is our engine (use_vllm_rl): flags on every request, TRL's own
+    per-parameter weight sync lands in the engine (vLLM 0.32 needs it batched)."""
+    script = tmp_path / "colocate.py"
+    script.write_text(COLOCATE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "VLLM_CONFIGURE_LOGGING": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    reasons = eval(done.stdout.split("REASONS", 1)[1].strip())
+    assert set(reasons) & {"duet_trimmed", "duet_aborted"}, reasons
+
+
+def test_server_mode_client_keeps_the_records():
+    """TRL's VLLMClient against `vllm-rl serve`: flags through generation_kwargs'
+    vllm_xargs, and RLVLLMClient keeps one record per completion."""
+    from server_fixture import shared_server
+
+    from vllm_rl import rl_xargs
+    from vllm_rl.integrations.trl.client import RLVLLMClient
+    from vllm_rl.task import heldout_prompts
+
+    client = RLVLLMClient(base_url=shared_server(), connection_timeout=60)
+    xargs = rl_xargs(group={"size": 2}, darts={"mode": "shortest"})
+    out = client.generate(heldout_prompts(3), n=6, max_tokens=128, temperature=1.0,
+                          generation_kwargs={"vllm_xargs": xargs, "seed": 1})
+    assert len(out["records"]) == len(out["completion_ids"]) == 18
+    for info, ids in zip(out["records"], out["completion_ids"]):
+        assert info.length == len(ids)
+    assert any(i.reason is Reason.DARTS_CANCELLED for i in out["records"])

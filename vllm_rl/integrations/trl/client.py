@@ -1,0 +1,38 @@
+"""TRL's server mode (``GRPOConfig(use_vllm=True, vllm_mode="server")``) against ``vllm-rl serve``.
+
+TRL's ``VLLMClient`` posts token-id prompts to ``/v1/completions`` (one ``n =
+num_generations`` request per prompt) and merges ``generation_kwargs`` into the body, so
+``generation_kwargs={"vllm_xargs": vllm_rl.rl_xargs(...)}`` reaches the engine's flags
+unchanged; it keeps only token ids and log-probs.  :class:`RLVLLMClient` is the same
+client that also keeps each choice's record (``last_records``: one
+:class:`~vllm_rl.outcome.RolloutInfo` per completion, in the order of
+``completion_ids``), and :meth:`RLVLLMClient.generate` returns them under ``"records"``.
+Serve with ``vllm-rl serve MODEL`` (TRL's ``trl vllm-serve`` runs stock ``vllm serve``).
+TRL's weight sync in server mode is NCCL (``init_communicator``): GPU only.
+"""
+from __future__ import annotations
+
+from vllm_rl.compat import vllm_version_shim
+
+vllm_version_shim()
+
+from trl.generation.vllm_client import VLLMClient  # noqa: E402
+
+from vllm_rl.outcome import RolloutInfo  # noqa: E402
+
+
+class RLVLLMClient(VLLMClient):
+    """``VLLMClient`` that keeps the records of the completions it returns."""
+
+    last_records: list[RolloutInfo] = []
+
+    def _post(self, url: str, **kwargs) -> dict:
+        out = super()._post(url, **kwargs)
+        if url.endswith("/v1/completions") and isinstance(out, dict) and "choices" in out:
+            self.last_records = [RolloutInfo.from_openai_choice(c) for c in out["choices"]]
+        return out
+
+    def generate(self, *args, **kwargs) -> dict:
+        out = super().generate(*args, **kwargs)
+        out["records"] = list(self.last_records)
+        return out

@@ -1,0 +1,103 @@
+"""New weights into a running engine: one RL step's policy, in place.
+
+:func:`load_weights` goes through vLLM's own ``reload_weights`` (vLLM 0.32's in-place
+reload from ``(name, tensor)`` pairs, which restores what the first load processed) on
+every worker, then resets the prefix cache (its KV was computed with the old weights).
+On a vllm_rl engine the RL state stays: the DAS trees, the ARRoL head and calibration,
+DUET's online thresholds and the group registry live outside the weights.
+
+In-process engines get the tensors by reference.  A multiprocess engine core cannot take
+tensors inside ``collective_rpc`` arguments (vLLM's msgpack turns them into lists), so the
+state is sent as one ``torch.save`` buffer to :meth:`WeightsWorkerExtension.vllm_rl_reload_weights`,
+part of every vllm_rl engine's worker extension.  That copies the weights through the
+engine's RPC: right for the CPU and for small models; on GPUs the frameworks' own paths
+(verl's CUDA IPC, OpenRLHF's NCCL) move the weights.
+"""
+from __future__ import annotations
+
+import io
+from typing import Any, Iterable
+
+
+def _pairs(weights: Any, dtype: Any = None) -> list[tuple[str, Any]]:
+    """``(name, tensor)`` pairs, floating tensors cast to the engine's ``dtype`` (vLLM's
+    reload refuses a float32 tensor for a bfloat16 parameter)."""
+    pairs = list(weights.items() if hasattr(weights, "items") else weights)
+    if dtype is None:
+        return pairs
+    return [(n, t.to(dtype) if t.is_floating_point() else t) for n, t in pairs]
+
+
+def engine_dtype(llm: Any) -> Any:
+    return llm.llm_engine.vllm_config.model_config.dtype
+
+
+def pack(weights: Any) -> bytes:
+    """``(name, tensor)`` pairs or a state dict as one ``torch.save`` buffer (CPU tensors)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({name: t.detach().cpu() for name, t in _pairs(weights)}, buf)
+    return buf.getvalue()
+
+
+class WeightsWorkerExtension:
+    """The worker side of :func:`load_weights` for multiprocess engines."""
+
+    def vllm_rl_reload_weights(self, payload: bytes) -> int:
+        import torch
+
+        state = torch.load(io.BytesIO(payload), weights_only=True)
+        self.reload_weights(weights_iterator=list(state.items()))
+        return len(state)
+
+
+def _has_extension(llm: Any) -> bool:
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    name = getattr(llm.llm_engine.vllm_config.parallel_config, "worker_extension_cls", "")
+    try:
+        return bool(name) and issubclass(resolve_obj_by_qualname(name), WeightsWorkerExtension)
+    except Exception:                   # noqa: BLE001 - an unknown class has no such method
+        return False
+
+
+def _in_process(llm: Any) -> bool:
+    return hasattr(getattr(llm.llm_engine, "model_executor", None), "driver_worker")
+
+
+def load_weights(llm: Any, weights: Iterable | dict) -> None:
+    """Load new weights in place into a ``vllm.LLM`` (``(name, tensor)`` pairs or a state
+    dict, in the checkpoint's names) and reset its prefix cache (module docstring).  A
+    stock ``vllm.LLM`` takes them only in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    pairs = _pairs(weights, engine_dtype(llm))
+    if _in_process(llm):
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
+    elif _has_extension(llm):
+        llm.collective_rpc("vllm_rl_reload_weights", args=(pack(pairs),))
+    else:
+        raise RuntimeError("load_weights: a multiprocess engine needs vllm_rl's worker "
+                           "extension (vllm_rl.LLM has it), or run the engine in-process "
+                           "(VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+    llm.reset_prefix_cache()
+
+
+async def load_weights_async(engine: Any, weights: Iterable | dict, mode: str = "wait") -> None:
+    """New weights into a serving ``AsyncLLM`` (a vllm_rl engine), between requests.
+
+    vLLM's ``pause_generation(mode=...)`` decides what happens to requests in flight:
+    ``"wait"`` (the default) lets them finish on the old weights while new ones wait, so
+    every sample comes from one policy; ``"abort"`` ends them now with ``finish_reason``
+    ``"abort"`` (record reason ``abort``: not a technique's early end); ``"keep"`` freezes
+    them and they continue on the new weights (a partial rollout across two policies).
+    Then the reload, the prefix-cache reset, and ``resume_generation``.  The RL state stays.
+    """
+    if mode not in ("wait", "abort", "keep"):
+        raise ValueError(f"load_weights_async mode={mode!r}: allowed 'wait', 'abort', 'keep'")
+    dtype = engine.vllm_config.model_config.dtype
+    await engine.pause_generation(mode=mode, clear_cache=False)
+    try:
+        await engine.collective_rpc("vllm_rl_reload_weights", args=(pack(_pairs(weights, dtype)),))
+        await engine.reset_prefix_cache()
+    finally:
+        await engine.resume_generation()
