@@ -1,36 +1,20 @@
 """Send vLLM's log lines to a file, so a benchmark's terminal shows its progress and tables.
 
-Call :func:`vllm_log_to` before vLLM is imported.  Engine processes started in
-multiprocess mode inherit ``VLLM_CONFIGURE_LOGGING=0`` and print only warnings.
+:func:`vllm_log_to` is :func:`vllm_rl.bench.logs.vllm_log_to` (call it before vLLM is
+imported); :func:`quiet_vllm` sends them to ``out_dir/vllm.log`` unless vLLM is already
+imported (a suite run from ``rollout.py`` is quiet already).
 """
 from __future__ import annotations
 
-import logging
 import os
-import warnings
+import sys
 from pathlib import Path
 
+from vllm_rl.bench.logs import vllm_log_to
 
-def vllm_log_to(path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    log = logging.getLogger("vllm")
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    print(f"vLLM's log: {path}")
-    return path
+__all__ = ["quiet_vllm", "vllm_log_to"]
 
 
 def quiet_vllm(out_dir: str | os.PathLike) -> None:
-    """:func:`vllm_log_to` ``out_dir/vllm.log``, unless vLLM is already imported (a suite
-    run from ``rollout.py`` is quiet already)."""
-    import sys
-
     if "vllm" not in sys.modules:
         vllm_log_to(Path(out_dir) / "vllm.log")

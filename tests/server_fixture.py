@@ -36,6 +36,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch(cmd: list[str], log: Path, what: str = "the server") -> tuple[subprocess.Popen, str]:
+    """Start ``cmd`` plus ``--host 127.0.0.1 --port P`` with its output in ``log``; wait
+    for ``/health``.  Returns (process, base URL); raises with the log's tail if it dies."""
+    port = _free_port()
+    with open(log, "w") as out:
+        proc = subprocess.Popen([*cmd, "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    while True:
+        try:
+            urllib.request.urlopen(base + "/health", timeout=2)
+            return proc, base
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                stop(proc)
+                raise RuntimeError(f"{what} did not come up:\n" + log.read_text()[-4000:])
+            time.sleep(1)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def shared_server() -> str:
     """The base URL of the shared server, started on first use."""
     global _server
@@ -43,29 +72,15 @@ def shared_server() -> str:
         if _server["proc"].poll() is not None:
             raise RuntimeError("the shared vllm_rl server died:\n" + _log_tail())
         return _server["base"]
-    port = _free_port()
     log = Path(tempfile.mkdtemp(prefix="vllm-rl-server-")) / "serve.log"
-    cmd = [sys.executable, "-m", "vllm_rl.serve", str(MODEL_PATH),
-           "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
+    cmd = [sys.executable, "-m", "vllm_rl.serve", str(MODEL_PATH), "--seed", "0",
            "--max-model-len", str(MAX_MODEL_LEN),
            "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES),
            *server_args(das=DAS, arrol=True), "--arrol"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = launch(cmd, log, "vllm_rl.serve")
     _server = {"proc": proc, "base": base, "log": log}
     atexit.register(_stop)
-    deadline = time.time() + 240
-    while True:
-        try:
-            urllib.request.urlopen(base + "/health", timeout=2)
-            return base
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                tail = _log_tail()
-                _stop()
-                raise RuntimeError("vllm_rl.serve did not come up:\n" + tail)
-            time.sleep(1)
+    return base
 
 
 def _log_tail() -> str:
@@ -77,12 +92,7 @@ def _stop() -> None:
     if _server is None:
         return
     proc, _server = _server["proc"], None
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop(proc)
 
 
 # ----------------------------------------------------------------------------- client

@@ -1,10 +1,7 @@
 """``vllm-rl serve`` on loopback: an OpenAI client with flags, ``vllm-rl serve-bench``
 against it (JSON fields, records, PNGs), the DAS and weight-reload routes."""
 import json
-import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,16 +9,11 @@ from pathlib import Path
 import pytest
 
 from conftest import MAX_MODEL_LEN
+from server_fixture import launch, stop
 from vllm_rl import Reason, RolloutInfo, rl_xargs
 from vllm_rl.task import MODEL_PATH
 
 pytestmark = pytest.mark.engine
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _vllm_rl() -> list[str]:
@@ -33,32 +25,14 @@ def _vllm_rl() -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm-rl-serve") / "serve.log"
-    cmd = [*_vllm_rl(), "serve", "--das", "--das-batch-cap", "linear", "--arrol",
-           "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
+    cmd = [*_vllm_rl(), "serve", "--das", "--das-batch-cap", "linear", "--arrol", "--seed", "0",
            "--max-model-len", str(MAX_MODEL_LEN)]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = launch(cmd, tmp_path_factory.mktemp("vllm-rl-serve") / "serve.log",
+                        "vllm-rl serve")
     try:
-        deadline = time.time() + 240
-        while True:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("vllm-rl serve did not come up:\n"
-                                       + log.read_text()[-3000:])
-                time.sleep(1)
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def _call(base, path, body=None, raw: bytes | None = None):

@@ -1,7 +1,5 @@
 """The ``vllm serve`` way in: flags through ``vllm_xargs``, records in the response, HTTP 400."""
 import json
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -11,6 +9,7 @@ import urllib.request
 import pytest
 
 from conftest import MAX_MODEL_LEN
+from server_fixture import launch, stop
 from vllm_rl import Reason, RolloutInfo, rl_xargs, server_args
 from vllm_rl.llm import CPU_KV_CACHE_BYTES
 from vllm_rl.task import MODEL_PATH
@@ -18,43 +17,19 @@ from vllm_rl.task import MODEL_PATH
 pytestmark = pytest.mark.engine
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "serve.log"
     # vLLM's own `serve` subcommand, through vllm_rl.serve (the `vllm` script of the CPU
     # wheel cannot find its distribution metadata; see vllm_rl/serve.py).
-    cmd = [sys.executable, "-m", "vllm_rl.serve", str(MODEL_PATH),
-           "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
+    cmd = [sys.executable, "-m", "vllm_rl.serve", str(MODEL_PATH), "--seed", "0",
            "--max-model-len", str(MAX_MODEL_LEN),
            "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES), *server_args(arrol=True),
            "--arrol"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = launch(cmd, tmp_path_factory.mktemp("server") / "serve.log", "vllm serve")
     try:
-        deadline = time.time() + 240
-        while True:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("vllm serve did not come up:\n" + log.read_text()[-3000:])
-                time.sleep(1)
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def _post(base, body):
