@@ -96,9 +96,10 @@ def _stop() -> None:
 
 
 # ----------------------------------------------------------------------------- client
-def call(base: str, path: str, body: dict | None = None, timeout: float = 120):
-    """(status, JSON body) of a GET (no body) or POST."""
-    data = None if body is None else json.dumps(body).encode()
+def call(base: str, path: str, body: dict | None = None, timeout: float = 120,
+         raw: bytes | None = None):
+    """(status, JSON body) of a GET (no body) or POST (``body`` as JSON, or ``raw`` bytes)."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     req = urllib.request.Request(base + path, data=data,
                                  headers={"Content-Type": "application/json"})
     try:

@@ -2,14 +2,12 @@
 against it (JSON fields, records, PNGs), the DAS and weight-reload routes."""
 import json
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conftest import MAX_MODEL_LEN
-from server_fixture import launch, stop
+from server_fixture import call as _call, launch, stop
 from vllm_rl import Reason, RolloutInfo, rl_xargs
 from vllm_rl.task import MODEL_PATH
 
@@ -34,16 +32,6 @@ def server(tmp_path_factory):
     finally:
         stop(proc)
 
-
-def _call(base, path, body=None, raw: bytes | None = None):
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(base + path, data=data,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
 
 
 def test_openai_client_with_flags(server, prompts):

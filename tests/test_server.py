@@ -3,13 +3,11 @@ import json
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from conftest import MAX_MODEL_LEN
-from server_fixture import launch, stop
+from server_fixture import call as _call, launch, stop
 from vllm_rl import Reason, RolloutInfo, rl_xargs, server_args
 from vllm_rl.llm import CPU_KV_CACHE_BYTES
 from vllm_rl.task import MODEL_PATH
@@ -79,16 +77,6 @@ def test_server_rejects_bad_flags_with_400_and_keeps_serving(server, prompts):
     status, resp = result["ok"]
     assert status == 200 and all(len(c["text"]) > 0 for c in resp["choices"])
 
-
-def _call(base, path, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
 
 
 def test_server_arrol_route_flags_and_records(server, prompts):
