@@ -1,6 +1,7 @@
 """``vllm-rl serve`` on loopback: an OpenAI client with flags, ``vllm-rl serve-bench``
 against it (JSON fields, records, PNGs), the DAS and weight-reload routes."""
 import json
+import time
 import sys
 from pathlib import Path
 
@@ -120,3 +121,31 @@ def test_reload_weights_route(server, prompts):
         text = json.dumps(resp)
         assert status == 400 and ("reload_weights" in text or "body" in text), resp
     assert _greedy(server, prompts[1]) == before       # the same weights, reloaded
+
+
+def test_reload_weights_route_with_requests_in_flight(server, prompts):
+    """The reload pauses the engine the way the caller asks: "wait" lets the requests in
+    flight finish whole (no abort), "abort" ends them with finish_reason "abort"."""
+    import threading
+
+    model = _call(server, "/v1/models")[1]["data"][0]["id"]
+    body = {"model": model, "prompt": prompts[2], "n": 8, "max_tokens": 256,
+            "temperature": 1.0, "seed": 4, "ignore_eos": True,      # long enough to catch
+            "vllm_xargs": rl_xargs(group={"size": 8})}
+    ended = {}
+    for mode in ("wait", "abort"):
+        box = {}
+        flight = threading.Thread(target=lambda: box.update(r=_call(server, "/v1/completions", body)))
+        flight.start()
+        time.sleep(0.5)
+        status, resp = _call(server, "/vllm_rl/reload_weights", {"mode": mode})
+        assert status == 200 and resp["mode"] == mode, resp
+        flight.join(timeout=300)
+        code, out = box["r"]
+        assert code == 200, out
+        ended[mode] = [(c["finish_reason"], RolloutInfo.from_openai_choice(c).reason)
+                       for c in out["choices"]]
+    assert all(reason is not Reason.ABORT for _, reason in ended["wait"])
+    assert ("abort", Reason.ABORT) in ended["abort"], ended["abort"]
+    status, resp = _call(server, "/vllm_rl/reload_weights", {"mode": "later"})
+    assert status == 400 and "mode" in json.dumps(resp)

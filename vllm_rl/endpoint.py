@@ -9,7 +9,9 @@
 - ``POST /vllm_rl/reload_weights`` reloads the model's weights in place from disk (the
   served checkpoint, or ``{"path": ...}``: a local folder, same architecture) through the
   worker's own ``reload_weights``, then resets the prefix cache.  DAS trees and the ARRoL
-  head stay.  Call it between steps: running requests continue on the new weights.
+  head stay.  Requests in flight: ``"mode": "wait"`` (default) lets them finish on the
+  old weights first, ``"abort"`` ends them (finish reason ``abort``), ``"keep"`` continues
+  them on the new weights (vLLM's ``pause_generation`` modes).
 
 The engine side is the worker extension (:mod:`vllm_rl.worker`, installed with the
 engine) and vLLM's worker; this plugin only exposes them.  vLLM loads endpoint plugins
@@ -25,6 +27,7 @@ from typing import Any
 
 # (no `from __future__ import annotations`: FastAPI reads the route annotations at runtime)
 UPDATE_KEYS = ("head", "calibration", "cold_start", "version")
+RELOAD_MODES = ("wait", "abort", "keep")   # vLLM's pause_generation modes for requests in flight
 
 
 def _token_ids(client, value) -> list[int]:
@@ -140,15 +143,19 @@ class RLEndpoints:
 
         @router.post("/vllm_rl/reload_weights")
         async def reload_weights(raw: Request):
-            body, err = await _body(raw, ("path", "reset_prefix_cache"))
+            body, err = await _body(raw, ("path", "reset_prefix_cache", "mode"))
             if err:
                 return err
             client = raw.app.state.engine_client
+            mode = body.get("mode", "wait")
+            if mode not in RELOAD_MODES:
+                return _error(400, f"reload_weights: mode {mode!r}: allowed {list(RELOAD_MODES)}")
             try:            # vLLM's reload kills the engine on a bad path: check it here
                 _check_weights_dir(body.get("path"))
             except ValueError as e:
                 return _error(400, f"reload_weights: {e}")
             t0 = time.perf_counter()
+            await client.pause_generation(mode=mode, clear_cache=False)
             try:
                 await client.collective_rpc("reload_weights",
                                             kwargs={"weights_path": body.get("path")})
@@ -156,7 +163,9 @@ class RLEndpoints:
                     await client.reset_prefix_cache()
             except Exception as e:        # a missing path, another architecture
                 return _error(400, f"reload_weights: {e}")
-            return {"reloaded": True, "path": body.get("path"),
+            finally:
+                await client.resume_generation()
+            return {"reloaded": True, "path": body.get("path"), "mode": mode,
                     "seconds": round(time.perf_counter() - t0, 3)}
 
         app.include_router(router)
