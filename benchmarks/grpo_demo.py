@@ -247,6 +247,7 @@ def plot(results: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     panels = [("reward", "mean reward (training group)"), ("heldout", "held-out accuracy (T = 1, 4 samples)"),
               ("length", "mean response length (tokens)"), ("rollout_s", "rollout wall time, CPU (s)"),
@@ -264,6 +265,7 @@ def plot(results: dict, path: Path) -> None:
                         lw=2 if name == "stock" else 1.4, color=colors.get(name), label=name)
         ax.set_title(title, fontsize=11)
         ax.set_xlabel("GRPO step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=9)
     ax = axes.flat[5]
