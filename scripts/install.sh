@@ -40,6 +40,11 @@ torch_now=$("$venv/bin/python" -c "import torch; print(torch.__version__.split('
 "${pip[@]}" install -q "torch==$torch_now" "ray==2.60.0" "omegaconf==2.3.1" "hydra-core==1.3.8" \
   "codetiming==1.4.0" "tensordict==0.10.0" "torchdata==0.11.0" "pylatexenc==2.11" \
   "datasets==5.2.0" "TransferQueue==0.1.11" "peft==0.21.2" "accelerate==1.15.0" "trl==1.16.0"
+# OpenRLHF (vllm_rl.integrations.openrlhf, tests/test_openrlhf.py): --no-deps (its wheel
+# hard-pins flash-attn, deepspeed, ray, transformers); deepspeed from source without its ops,
+# built against this venv's torch; hjson for OpenRLHF's experience maker.
+"${pip[@]}" install -q --no-deps "openrlhf==0.11.2" "hjson==3.1.0"
+DS_BUILD_OPS=0 "${pip[@]}" install -q --no-deps --no-build-isolation "deepspeed==0.19.6"
 "$venv/bin/python" -c "import vllm_rl, vllm; print('vllm_rl', vllm_rl.__version__, 'on vllm', vllm.__version__)"
 "$venv/bin/python" -m vllm_rl.integrations.verl
 echo "$want" > "$stamp"

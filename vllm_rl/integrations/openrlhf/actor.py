@@ -1,0 +1,229 @@
+"""OpenRLHF's rollout actor on the RL engine.
+
+:class:`RLRolloutActor` is OpenRLHF's ``RolloutRayActor`` (same constructor, same
+methods: ``generate_responses``, ``generate``, ``get_num_unfinished_requests``,
+``init_process_group``, ``update_weight``, ``update_weight_cuda_ipc``,
+``reset_prefix_cache``, ``sleep``, ``wake_up``, ``pause_generation``,
+``resume_generation``) with these changes:
+
+* the engine is the RL engine: :func:`vllm_rl.llm.rl_engine_kwargs` from the settings'
+  ``das`` / ``arrol`` / ``cost`` / ``trace`` join OpenRLHF's engine keywords, the
+  settings' ``engine`` keywords override OpenRLHF's (e.g. ``dtype`` on a CPU), and the
+  worker extension is :class:`.worker.OpenRLHFRLWorkerExtension` (OpenRLHF's weight sync
+  and vllm_rl's DAS / ARRoL methods);
+* ``generate_responses`` (one call per prompt, ``num_samples`` samples) gives the samples
+  of the call one group: ``group.id`` fresh per call, ``redundant`` = ``num_samples``,
+  ``size`` = the flags' ``group.size`` or ``num_samples``; ``das.problem_id`` =
+  ``"prompt:<sha1 of the prompt text>"`` (stable across steps), when the engine has a
+  drafter.  The flags come from the policy of :mod:`vllm_rl.integrations.verl.policy`
+  (``StaticPolicy`` unless the settings name one) and go on the first engine request of
+  each sample (a multi-turn executor's later turns run as on stock vLLM);
+* every response dict comes back with its record and flags and with the training marks
+  of :mod:`.records` applied (``action_ranges`` emptied for a sample that leaves the loss;
+  ``extra_logs`` carrying the weight, which reaches ``Experience.info``);
+* ``pause_generation`` / ``resume_generation`` / ``reset_prefix_cache`` are OpenRLHF's;
+  the DAS trees, the ARRoL head and DUET's online thresholds stay across them and across
+  weight syncs.  Added: ``das_stats``, ``das_prebuild``, ``das_clear``, ``arrol_update``,
+  ``arrol_info`` (rank 0's answer), ``flush_weights``.
+
+:data:`RLRolloutRayActor` is the Ray actor class; :class:`RLActorClass` is what the
+launcher puts in place of ``RolloutRayActor``: its ``options(...).remote(...)`` builds
+:data:`RLRolloutRayActor` with the settings read once in the driver.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import copy
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_rl.compat import vllm_version_shim
+
+vllm_version_shim()
+
+import ray  # noqa: E402
+from openrlhf.trainer.ray import vllm_engine  # noqa: E402
+
+from vllm_rl.integrations.openrlhf import (  # noqa: E402
+    ENGINE_SETTINGS,
+    SETTINGS_KWARG,
+    check_settings,
+    load_settings,
+)
+from vllm_rl.integrations.openrlhf.worker import WORKER_EXTENSION  # noqa: E402
+from vllm_rl.outcome import RolloutInfo  # noqa: E402
+
+OPENRLHF_WORKER = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"
+ORIGINAL = vllm_engine.RolloutRayActor                 # OpenRLHF's Ray actor class
+_BASE = ORIGINAL.__ray_actor_class__                   # ... and the plain class under it
+
+
+@dataclass
+class _SampleState:
+    """One sample of a ``generate_responses`` call (lives in its asyncio task's context)."""
+
+    flags: dict | None
+    sent: bool = False
+    records: list = field(default_factory=list)
+
+
+_SAMPLE: contextvars.ContextVar[_SampleState | None] = contextvars.ContextVar(
+    "vllm_rl_openrlhf_sample", default=None)
+
+
+def problem_id(prompt: Any) -> str:
+    """A DAS problem id stable across steps: the prompt text's hash."""
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+    return "prompt:" + hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def engine_kwargs(kwargs: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """OpenRLHF's actor keywords turned into the RL engine's (see the module docstring)."""
+    from vllm_rl.llm import _cpu, rl_engine_kwargs
+
+    kwargs = dict(kwargs)
+    rl = rl_engine_kwargs(**{k: settings.get(k) for k in ENGINE_SETTINGS})
+    rl.pop("worker_extension_cls", None)
+    if kwargs.get("worker_extension_cls") not in (None, OPENRLHF_WORKER, WORKER_EXTENSION):
+        raise ValueError(f"worker_extension_cls={kwargs['worker_extension_cls']!r}: the RL "
+                         f"actor runs {WORKER_EXTENSION} (OpenRLHF's WorkerWrap + vllm_rl's)")
+    kwargs["worker_extension_cls"] = WORKER_EXTENSION
+    for key, value in rl.items():
+        if key == "additional_config":
+            value = {**(kwargs.get(key) or {}), **value}
+        elif kwargs.get(key) not in (None, value):
+            raise ValueError(f"OpenRLHF's engine keyword {key}={kwargs[key]!r} conflicts with "
+                             f"the RL engine's {key}={value!r}")
+        kwargs[key] = value
+    kwargs.update(settings.get("engine") or {})
+    if _cpu() and kwargs.get("gpu_memory_utilization") is None:
+        from vllm_rl.llm import CPU_KV_CACHE_BYTES
+
+        kwargs.pop("gpu_memory_utilization", None)
+        kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+    return kwargs
+
+
+class RLRolloutActor(_BASE):
+    """OpenRLHF's ``RolloutRayActor`` on the RL engine (the module docstring)."""
+
+    async def __init__(self, *args, **kwargs):
+        settings = kwargs.pop(SETTINGS_KWARG, None)
+        settings = load_settings() if settings is None else check_settings(settings)
+        self.rl_settings = settings
+        if settings.get("arrol"):
+            from vllm_rl.arrol.config import use_v1_runner
+
+            use_v1_runner()             # this actor owns one engine: process-wide is scoped
+        from vllm_rl.integrations.verl.policy import load_policy
+
+        self.rl_policy = load_policy(settings)
+        passthrough = {k: kwargs.pop(k) for k in ("num_gpus", "full_determinism",
+                                                    "bundle_indices", "agent_func_path",
+                                                    "remote_rm_url", "mm_pad_token_ids")
+                       if k in kwargs}
+        await super().__init__(*args, **passthrough, **engine_kwargs(kwargs, settings))
+
+    # -- generation ------------------------------------------------------------------
+    def rl_flags(self, prompt: Any, num_samples: int) -> dict | None:
+        """The flags for the samples of one prompt (one group), or None (stock vLLM)."""
+        from vllm_rl.integrations.verl.policy import Sample
+
+        sample = Sample(uid=f"openrlhf-{uuid.uuid4().hex}", n=int(num_samples),
+                        problem_id=problem_id(prompt))
+        return self.rl_policy.flags(sample)
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        state = _SAMPLE.get()
+        if state is not None and state.flags is not None and not state.sent:
+            sampling_params = copy.deepcopy(sampling_params)
+            extra = dict(sampling_params.extra_args or {})
+            extra["vllm_rl"] = copy.deepcopy(state.flags)
+            sampling_params.extra_args = extra
+            state.sent = True
+        output = await super().generate(prompt_token_ids, sampling_params, multi_modal_data)
+        if state is not None and output is not None and output.outputs:
+            state.records.append(RolloutInfo.decode(output.outputs[0].stop_reason))
+        return output
+
+    async def generate_responses(self, prompt, label, sampling_params, max_length: int,
+                                 hf_tokenizer, num_samples: int = 1, images=None):
+        """OpenRLHF's: ``num_samples`` samples of one prompt, now one group, each response
+        with its record, flags and training marks (:func:`.records.attach`)."""
+        from vllm_rl.integrations.openrlhf.records import attach
+
+        flags = self.rl_flags(prompt, num_samples)
+
+        async def one():
+            state = _SampleState(flags=flags)
+            _SAMPLE.set(state)          # this task's context only
+            response = await self.executor.execute(
+                prompt=prompt, label=label, sampling_params=sampling_params,
+                max_length=max_length, hf_tokenizer=hf_tokenizer, llm_engine=self,
+                images=images)
+            return response, (state.records[0] if state.records else None)
+
+        results = await asyncio.gather(*(asyncio.ensure_future(one())
+                                         for _ in range(num_samples)))
+        responses = [r for r, _ in results]
+        if flags is None:
+            return responses
+        return attach(responses, [info for _, info in results], flags)
+
+    # -- RL state on the workers -----------------------------------------------------
+    async def rl_rpc(self, method: str, args: tuple = ()) -> Any:
+        """Call a :class:`vllm_rl.worker.RLWorkerExtension` method; rank 0's answer."""
+        return (await self.llm.collective_rpc(method, args=tuple(args)))[0]
+
+    async def das_stats(self) -> dict:
+        return await self.rl_rpc("das_stats")
+
+    async def das_prebuild(self, problem_id: str, rollouts, prompt_token_ids=None) -> int:
+        rollouts = [list(map(int, r)) for r in rollouts]
+        prompt = None if prompt_token_ids is None else list(map(int, prompt_token_ids))
+        return await self.rl_rpc("das_prebuild", (problem_id, rollouts, prompt))
+
+    async def das_clear(self, problem_id: str | None = None) -> int:
+        return await self.rl_rpc("das_clear", (problem_id,))
+
+    async def arrol_update(self, head=None, calibration=None, cold_start: bool = False,
+                           version: int | None = None) -> int:
+        return await self.rl_rpc("arrol_update", (head, calibration, cold_start, version))
+
+    async def arrol_info(self) -> dict:
+        return await self.rl_rpc("arrol_info")
+
+    async def flush_weights(self) -> int:
+        """Load weights received but not yet loaded (normally done at the last one)."""
+        return await self.rl_rpc("vllm_rl_flush_weights")
+
+
+RLRolloutRayActor = ray.remote(RLRolloutActor)
+
+
+class _Options:
+    def __init__(self, handle, settings: dict) -> None:
+        self._handle, self._settings = handle, settings
+
+    def remote(self, *args, **kwargs):
+        kwargs.setdefault(SETTINGS_KWARG, self._settings)
+        return self._handle.remote(*args, **kwargs)
+
+
+class RLActorClass:
+    """Put in place of OpenRLHF's ``RolloutRayActor``: ``options(...)`` and ``remote(...)``
+    build :data:`RLRolloutRayActor` with ``settings`` (read once, in the driver)."""
+
+    def __init__(self, settings: dict, actor_cls=None) -> None:
+        self.settings = settings
+        self.actor_cls = RLRolloutRayActor if actor_cls is None else actor_cls
+
+    def options(self, **options) -> _Options:
+        return _Options(self.actor_cls.options(**options), self.settings)
+
+    def remote(self, *args, **kwargs):
+        return _Options(self.actor_cls, self.settings).remote(*args, **kwargs)
