@@ -55,6 +55,7 @@ from vllm_rl.integrations.openrlhf import (  # noqa: E402
     load_settings,
 )
 from vllm_rl.integrations.openrlhf.worker import WORKER_EXTENSION  # noqa: E402
+from vllm_rl.integrations.rpc import RLStateRPC  # noqa: E402
 from vllm_rl.outcome import RolloutInfo  # noqa: E402
 
 OPENRLHF_WORKER = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"
@@ -108,7 +109,7 @@ def engine_kwargs(kwargs: dict[str, Any], settings: dict[str, Any]) -> dict[str,
     return kwargs
 
 
-class RLRolloutActor(_BASE):
+class RLRolloutActor(RLStateRPC, _BASE):
     """OpenRLHF's ``RolloutRayActor`` on the RL engine (the module docstring)."""
 
     async def __init__(self, *args, **kwargs):
@@ -178,24 +179,6 @@ class RLRolloutActor(_BASE):
     async def rl_rpc(self, method: str, args: tuple = ()) -> Any:
         """Call a :class:`vllm_rl.worker.RLWorkerExtension` method; rank 0's answer."""
         return (await self.llm.collective_rpc(method, args=tuple(args)))[0]
-
-    async def das_stats(self) -> dict:
-        return await self.rl_rpc("das_stats")
-
-    async def das_prebuild(self, problem_id: str, rollouts, prompt_token_ids=None) -> int:
-        rollouts = [list(map(int, r)) for r in rollouts]
-        prompt = None if prompt_token_ids is None else list(map(int, prompt_token_ids))
-        return await self.rl_rpc("das_prebuild", (problem_id, rollouts, prompt))
-
-    async def das_clear(self, problem_id: str | None = None) -> int:
-        return await self.rl_rpc("das_clear", (problem_id,))
-
-    async def arrol_update(self, head=None, calibration=None, cold_start: bool = False,
-                           version: int | None = None) -> int:
-        return await self.rl_rpc("arrol_update", (head, calibration, cold_start, version))
-
-    async def arrol_info(self) -> dict:
-        return await self.rl_rpc("arrol_info")
 
     async def flush_weights(self) -> int:
         """Load weights received but not yet loaded (normally done at the last one)."""

@@ -20,6 +20,7 @@ cannot be expressed through the flags: it needs verl's batch to be built per pro
 """
 from __future__ import annotations
 
+import abc
 import copy
 import importlib
 from dataclasses import dataclass
@@ -47,15 +48,16 @@ class Sample:
                    validate=bool(kwargs.get("validate", False)))
 
 
-class RolloutPolicy:
+class RolloutPolicy(abc.ABC):
     """Gives each sample its ``vllm_rl`` flags (a dict in :func:`vllm_rl.rl_params` form),
     or None to run it as on stock vLLM."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings
 
+    @abc.abstractmethod
     def flags(self, sample: Sample) -> dict[str, Any] | None:
-        raise NotImplementedError
+        """The flags of ``sample``."""
 
 
 class StaticPolicy(RolloutPolicy):

@@ -33,6 +33,7 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import (  # noqa: E402
     vLLMReplica,
 )
 
+from vllm_rl.integrations.rpc import RLStateRPC  # noqa: E402
 from vllm_rl.integrations.verl import NAME, RECORD_KEY, SETTINGS_KEY  # noqa: E402
 from vllm_rl.outcome import RolloutInfo  # noqa: E402
 
@@ -107,7 +108,7 @@ def with_record(output, final) -> Any:
     return output
 
 
-class RLHttpServer(vLLMHttpServer):
+class RLHttpServer(RLStateRPC, vLLMHttpServer):
     """verl's vLLM server actor on the RL engine (see the module docstring)."""
 
     def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
@@ -151,22 +152,6 @@ class RLHttpServer(vLLMHttpServer):
     async def rl_rpc(self, method: str, args: tuple = ()) -> Any:
         """Call a :class:`vllm_rl.worker.RLWorkerExtension` method; rank 0's answer."""
         return (await self.engine.collective_rpc(method, args=tuple(args)))[0]
-
-    async def das_stats(self) -> dict:
-        return await self.rl_rpc("das_stats")
-
-    async def das_prebuild(self, problem_id: str, rollouts, prompt_token_ids=None) -> int:
-        return await self.rl_rpc("das_prebuild", (problem_id, rollouts, prompt_token_ids))
-
-    async def das_clear(self, problem_id: str | None = None) -> int:
-        return await self.rl_rpc("das_clear", (problem_id,))
-
-    async def arrol_update(self, head=None, calibration=None, cold_start: bool = False,
-                           version: int | None = None) -> int:
-        return await self.rl_rpc("arrol_update", (head, calibration, cold_start, version))
-
-    async def arrol_info(self) -> dict:
-        return await self.rl_rpc("arrol_info")
 
     async def num_unfinished_requests(self) -> int:
         """Requests the front end still holds (0 once aborts have drained)."""
