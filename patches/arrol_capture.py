@@ -20,12 +20,12 @@ refuses to start if the engine would run V2 (:func:`vllm_rl.arrol.config.check_r
 from __future__ import annotations
 
 import functools
-import inspect
 
-from . import PatchMismatch, checked_target
+from . import PatchMismatch
 
-TARGET = "vllm.v1.worker.gpu_model_runner.GPUModelRunner.sample_tokens"
-CHECKED = ("0.32.0",)
+_MODULE = "vllm.v1.worker.gpu_model_runner"
+TARGET = f"{_MODULE}.GPUModelRunner.sample_tokens"
+CHECKED = ("0.32.0", "0.33.0")
 _EXPECTED_PARAMS = ("self", "grammar_output")
 _STATE_FIELDS = ("scheduler_output", "hidden_states")
 _UNSET = object()
@@ -37,20 +37,38 @@ def _target():
     return GPUModelRunner
 
 
-def check() -> None:
-    """Fail loudly if vLLM no longer has the shape this patch relies on."""
-    fn, where = checked_target(_target(), "sample_tokens", TARGET, CHECKED, _EXPECTED_PARAMS)
-    from vllm.v1.worker.gpu_model_runner import ExecuteModelState
+def check(source=None) -> None:
+    """Fail loudly if vLLM no longer has the shape this patch relies on: the installed
+    vLLM, or ``source`` (a :class:`~vllm_rl.compat.source.SourceTree` of any release)."""
+    import ast
 
-    missing = [f for f in _STATE_FIELDS if f not in ExecuteModelState._fields]
+    from vllm_rl.compat.source import assignments, is_attr
+
+    from . import source_of, target_method
+
+    src = source_of(source)
+    fn, where = target_method(src, _MODULE, "GPUModelRunner", "sample_tokens", TARGET,
+                              CHECKED, _EXPECTED_PARAMS)
+    missing = [f for f in _STATE_FIELDS if f not in src.fields(_MODULE, "ExecuteModelState")]
     if missing:
         raise PatchMismatch(f"ExecuteModelState has no {missing} {where}")
-    if "self.execute_model_state = None" not in inspect.getsource(fn):
+    cleared = [a for a in assignments(fn.node, "self.execute_model_state")
+               if isinstance(a.value, ast.Constant) and a.value.value is None]
+    read = [n for n in ast.walk(fn.node) if is_attr(n, "self", "execute_model_state")
+            and isinstance(n.ctx, ast.Load)]
+    if not cleared or not read or min(n.lineno for n in read) > cleared[0].lineno:
         raise PatchMismatch(f"{TARGET} no longer consumes execute_model_state {where}")
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-
-    if not issubclass(CPUModelRunner, _target()):
+    cpu = "vllm.v1.worker.cpu_model_runner"
+    if not src.is_subclass(cpu, "CPUModelRunner", _MODULE, "GPUModelRunner"):
         raise PatchMismatch(f"CPUModelRunner no longer subclasses GPUModelRunner {where}")
+    owner = src.method(cpu, "CPUModelRunner", "sample_tokens").owner
+    if not owner.endswith(".GPUModelRunner"):
+        raise PatchMismatch(f"{owner} overrides {TARGET} {where}")
+    # check_runner tells V1 from Model Runner V2 by this property (set from the env var).
+    if "use_v2_model_runner" not in src.fields("vllm.config.vllm", "VllmConfig") \
+            or "VLLM_USE_V2_MODEL_RUNNER" not in src.text("vllm.envs"):
+        raise PatchMismatch(f"VllmConfig.use_v2_model_runner (VLLM_USE_V2_MODEL_RUNNER) is "
+                            f"gone: the V1 runner this patch serves cannot be told {where}")
 
 
 def apply() -> None:

@@ -16,12 +16,12 @@ replacement computes the same expansion with ``repeat_interleave`` (any dtype);
 from __future__ import annotations
 
 import functools
-import inspect
 
-from . import PatchMismatch, checked_target
+from . import PatchMismatch
 
-TARGET = "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens"
-CHECKED = ("0.32.0",)
+_MODULE = "vllm.v1.sample.rejection_sampler"
+TARGET = f"{_MODULE}.expand_batch_to_tokens"
+CHECKED = ("0.32.0", "0.33.0")
 _EXPECTED_PARAMS = ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to")
 
 
@@ -37,11 +37,21 @@ def needed() -> bool:
     return current_platform.is_cpu()
 
 
-def check() -> None:
-    """Fail loudly if vLLM no longer has the shape this patch relies on."""
-    _, where = checked_target(_module(), "expand_batch_to_tokens", TARGET, CHECKED,
-                              _EXPECTED_PARAMS)
-    if "expand_batch_to_tokens(" not in inspect.getsource(_module().apply_sampling_constraints):
+def check(source=None) -> None:
+    """Fail loudly if vLLM no longer has the shape this patch relies on: the installed
+    vLLM, or ``source`` (a :class:`~vllm_rl.compat.source.SourceTree` of any release)."""
+    from vllm_rl.compat.source import SourceMissing, name_calls
+
+    from . import source_of, target_function
+
+    src = source_of(source)
+    _, where = target_function(src, _MODULE, "expand_batch_to_tokens", TARGET, CHECKED,
+                               _EXPECTED_PARAMS)
+    try:       # called by its module-global name, which apply() replaces
+        user = src.function(_MODULE, "apply_sampling_constraints").node
+    except SourceMissing:
+        user = None
+    if user is None or not name_calls(user, "expand_batch_to_tokens"):
         raise PatchMismatch(f"the rejection sampler no longer expands sampling params "
                             f"with {TARGET} {where}")
 

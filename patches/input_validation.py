@@ -21,7 +21,7 @@ import uuid
 from . import PatchMismatch, checked_target
 
 TARGET = "vllm.v1.engine.input_processor.InputProcessor.process_inputs"
-CHECKED = ("0.32.0",)
+CHECKED = ("0.32.0", "0.33.0")
 _EXPECTED_PARAMS = ("self", "request_id", "prompt", "params")
 
 
@@ -31,17 +31,50 @@ def _target():
     return InputProcessor
 
 
-def check() -> None:
-    """Fail loudly if vLLM no longer has the shape this patch relies on."""
-    from vllm.v1.engine import async_llm, llm_engine
+def check(source=None) -> None:
+    """Fail loudly if vLLM no longer has the shape this patch relies on: the installed
+    vLLM, or ``source`` (a :class:`~vllm_rl.compat.source.SourceTree` of any release)."""
+    import ast
 
-    fn, where = checked_target(_target(), "process_inputs", TARGET, CHECKED, _EXPECTED_PARAMS)
-    if "params.clone()" not in inspect.getsource(fn):
+    from vllm_rl.compat.source import SourceMissing, assignments, calls, is_attr, name_calls
+
+    from . import source_of, target_method
+
+    src = source_of(source)
+    fn, where = target_method(src, "vllm.v1.engine.input_processor", "InputProcessor",
+                              "process_inputs", TARGET, CHECKED, _EXPECTED_PARAMS)
+    if not any(is_attr(c.func, "params", "clone") for c in calls(fn.node, "clone")):
         raise PatchMismatch(f"{TARGET} no longer gives the request its own params {where}")
-    for mod in (llm_engine, async_llm):
-        if "params = request.params" not in inspect.getsource(mod):
-            raise PatchMismatch(f"{mod.__name__} no longer fans out n > 1 from the "
-                                f"processed params {where}")
+    # AsyncLLM's raw prompts go through process_inputs_async: it must run process_inputs.
+    for node in ast.walk(src.cls("vllm.v1.engine.input_processor", "InputProcessor")):
+        if isinstance(node, ast.Assign) and any(ast.unparse(t) == "self.process_inputs_async"
+                                                for t in node.targets):
+            via = any(is_attr(n, "self", "process_inputs") for n in ast.walk(node.value))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.name == "process_inputs_async":
+            via = bool(calls(node, "process_inputs", receiver="self"))
+        else:
+            continue
+        if not via:
+            raise PatchMismatch(f"InputProcessor.process_inputs_async no longer runs "
+                                f"{TARGET} {where}")
+    # n > 1 fans out from the processed request's own params (where the flags were put).
+    for module, cls in (("vllm.v1.engine.llm_engine", "LLMEngine"),
+                        ("vllm.v1.engine.async_llm", "AsyncLLM")):
+        try:
+            add = src.method(module, cls, "add_request").node
+        except SourceMissing:
+            raise PatchMismatch(f"{module}.{cls}.add_request is gone {where}") from None
+        processed = [c.lineno for c in calls(add, "process_inputs", "self.input_processor")
+                     + calls(add, "process_inputs_async", "self.input_processor")]
+        fan = [a.lineno for a in assignments(add, "params")
+               if is_attr(a.value, "request", "params")]
+        parent = [c.lineno for c in name_calls(add, "ParentRequest")
+                  if c.args and ast.unparse(c.args[0]) in ("request", "params")]
+        if not any(p < f < q for p in processed for f in fan for q in parent):
+            raise PatchMismatch(f"{module}.{cls}.add_request no longer fans out n > 1 from "
+                                f"the processed params (params = request.params, then "
+                                f"ParentRequest(request)) {where}")
 
 
 def apply() -> None:

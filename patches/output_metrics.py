@@ -16,13 +16,13 @@ nothing; an unfinished output costs one comparison.
 from __future__ import annotations
 
 import functools
-import inspect
 
-from . import PatchMismatch, checked_target
+from . import PatchMismatch
 
-TARGET = "vllm.v1.engine.output_processor.RequestState.make_request_output"
-ADD_TARGET = "vllm.v1.engine.output_processor.OutputProcessor.add_request"
-CHECKED = ("0.32.0",)
+_MODULE = "vllm.v1.engine.output_processor"
+TARGET = f"{_MODULE}.RequestState.make_request_output"
+ADD_TARGET = f"{_MODULE}.OutputProcessor.add_request"
+CHECKED = ("0.32.0", "0.33.0")
 _EXPECTED_PARAMS = ("self", "new_token_ids", "pooling_output", "finish_reason", "stop_reason")
 _ADD_PARAMS = ("self", "request", "prompt")
 _STATE_FIELDS = ("max_tokens_param", "detokenizer")
@@ -34,20 +34,39 @@ def _targets():
     return RequestState, OutputProcessor
 
 
-def check() -> None:
-    """Fail loudly if vLLM no longer has the shape this patch relies on."""
-    state_cls, proc_cls = _targets()
-    fn, where = checked_target(state_cls, "make_request_output", TARGET, CHECKED,
-                               _EXPECTED_PARAMS)
-    checked_target(proc_cls, "add_request", ADD_TARGET, CHECKED, _ADD_PARAMS)
-    init = inspect.getsource(state_cls.__init__)
-    missing = [f for f in _STATE_FIELDS if f"self.{f} =" not in init]
+def check(source=None) -> None:
+    """Fail loudly if vLLM no longer has the shape this patch relies on: the installed
+    vLLM, or ``source`` (a :class:`~vllm_rl.compat.source.SourceTree` of any release)."""
+    import ast
+
+    from vllm_rl.compat.source import SourceMissing, calls, self_attrs_assigned
+
+    from . import source_of, target_method
+
+    src = source_of(source)
+    _, where = target_method(src, _MODULE, "RequestState", "make_request_output", TARGET,
+                             CHECKED, _EXPECTED_PARAMS)
+    add, _ = target_method(src, _MODULE, "OutputProcessor", "add_request", ADD_TARGET,
+                           CHECKED, _ADD_PARAMS)
+    init = src.method(_MODULE, "RequestState", "__init__").node
+    missing = [f for f in _STATE_FIELDS if f not in self_attrs_assigned(init)]
     if missing:
         raise PatchMismatch(f"RequestState no longer keeps {missing} {where}")
-    source = inspect.getsource(proc_cls)
-    if (source.count("make_request_output(") < 2
-            or "self.request_states[request_id] =" not in source):
-        raise PatchMismatch(f"{TARGET} is no longer where outputs and aborts end {where}")
+    # Outputs end in process_outputs, client aborts in abort_requests: both make outputs.
+    for name in ("process_outputs", "abort_requests"):
+        try:
+            body = src.method(_MODULE, "OutputProcessor", name).node
+        except SourceMissing:
+            body = None
+        if body is None or not calls(body, "make_request_output"):
+            raise PatchMismatch(f"{TARGET} is no longer where outputs and aborts end "
+                                f"(OutputProcessor.{name}) {where}")
+    stored = [n for n in ast.walk(add.node) if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Subscript) and ast.unparse(t.value) == "self.request_states"
+        for t in n.targets)]
+    if not stored:
+        raise PatchMismatch(f"{ADD_TARGET} no longer stores the request's state in "
+                            f"self.request_states {where}")
 
 
 def apply() -> None:

@@ -13,12 +13,12 @@ defines it (DAS's does; any other proposer is untouched) and changes nothing els
 from __future__ import annotations
 
 import functools
-import inspect
 
-from . import PatchMismatch, checked_target
+from . import PatchMismatch
 
-TARGET = "vllm.v1.worker.gpu_model_runner.GPUModelRunner.propose_draft_token_ids"
-CHECKED = ("0.32.0",)
+_MODULE = "vllm.v1.worker.gpu_model_runner"
+TARGET = f"{_MODULE}.GPUModelRunner.propose_draft_token_ids"
+CHECKED = ("0.32.0", "0.33.0")
 _EXPECTED_PARAMS = ("self", "scheduler_output", "sampled_token_ids")
 
 
@@ -28,17 +28,36 @@ def _target():
     return GPUModelRunner
 
 
-def check() -> None:
-    """Fail loudly if vLLM no longer has the shape this patch relies on."""
-    fn, where = checked_target(_target(), "propose_draft_token_ids", TARGET, CHECKED,
-                               _EXPECTED_PARAMS)
-    src = inspect.getsource(fn)
-    if 'method == "custom_class"' not in src or "self.drafter).propose(" not in src:
+def check(source=None) -> None:
+    """Fail loudly if vLLM no longer has the shape this patch relies on: the installed
+    vLLM, or ``source`` (a :class:`~vllm_rl.compat.source.SourceTree` of any release)."""
+    import ast
+
+    from vllm_rl.compat.source import calls
+
+    from . import source_of, target_method
+
+    src = source_of(source)
+    fn, where = target_method(src, _MODULE, "GPUModelRunner", "propose_draft_token_ids",
+                              TARGET, CHECKED, _EXPECTED_PARAMS)
+    custom = [n for n in ast.walk(fn.node) if isinstance(n, ast.If)
+              and isinstance(n.test, ast.Compare) and isinstance(n.test.left, ast.Attribute)
+              and n.test.left.attr == "method" and isinstance(n.test.ops[0], ast.Eq)
+              and any(isinstance(c, ast.Constant) and c.value == "custom_class"
+                      for c in n.test.comparators)]
+    if not any("self.drafter" in ast.unparse(c.func.value)
+               for branch in custom for c in calls(branch.body, "propose")):
         raise PatchMismatch(f"{TARGET} no longer calls a custom_class drafter's "
                             f"propose() {where}")
-    from vllm.v1.worker.gpu_input_batch import InputBatch
-
-    if "req_ids" not in inspect.getsource(InputBatch):
+    runner = src.cls(_MODULE, "GPUModelRunner")
+    if not calls(runner, "propose_draft_token_ids", receiver="self"):
+        raise PatchMismatch(f"GPUModelRunner no longer drafts through "
+                            f"self.propose_draft_token_ids() {where}")
+    cpu = src.method("vllm.v1.worker.cpu_model_runner", "CPUModelRunner",
+                     "propose_draft_token_ids")
+    if not cpu.owner.endswith(".GPUModelRunner"):
+        raise PatchMismatch(f"{cpu.owner} overrides {TARGET} {where}")
+    if "req_ids" not in src.fields("vllm.v1.worker.gpu_input_batch", "InputBatch"):
         raise PatchMismatch(f"InputBatch has no req_ids {where}")
 
 

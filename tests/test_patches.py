@@ -1,4 +1,8 @@
-"""Every patch names the vLLM versions it was checked on and fails loudly on another shape."""
+"""Every patch names the vLLM versions it was checked on and fails loudly on another shape.
+
+``check()`` reads the installed vLLM's live objects (a monkeypatched target is what it
+sees); ``check(tree)`` reads any release's files (tests/test_compat_check.py mutates them).
+"""
 import inspect
 
 import pytest
@@ -15,6 +19,18 @@ def test_installed_vllm_is_a_checked_version(mod):
         f"{mod.__name__} was checked on vLLM {mod.CHECKED}, installed is {vllm.__version__}: "
         "re-check the patch against this version and add it to CHECKED")
     mod.check()
+
+
+@pytest.mark.parametrize("mod", patches.all_patches(), ids=lambda m: m.__name__)
+def test_check_reads_a_source_tree_as_well(mod):
+    """The same check on the installed vLLM's files, read without the live objects."""
+    from pathlib import Path
+
+    from vllm_rl.compat.source import SourceTree
+
+    tree = SourceTree(Path(vllm.__file__).resolve().parent.parent)
+    assert tree.version == vllm.__version__
+    mod.check(tree)
 
 
 def test_plugin_is_registered_and_applies_the_patches():

@@ -125,7 +125,9 @@ def test_reload_weights_route(server, prompts):
 
 def test_reload_weights_route_with_requests_in_flight(server, prompts):
     """The reload pauses the engine the way the caller asks: "wait" lets the requests in
-    flight finish whole (no abort), "abort" ends them with finish_reason "abort"."""
+    flight finish whole (no abort), "abort" ends them with finish_reason "abort".  A
+    request sent while the "wait" reload is still draining is parked and served after it,
+    never refused (vLLM 0.33's own pause_generation answers it 503)."""
     import threading
 
     model = _call(server, "/v1/models")[1]["data"][0]["id"]
@@ -134,11 +136,22 @@ def test_reload_weights_route_with_requests_in_flight(server, prompts):
             "vllm_xargs": rl_xargs(group={"size": 8})}
     ended = {}
     for mode in ("wait", "abort"):
-        box = {}
+        box, reload = {}, {}
         flight = threading.Thread(target=lambda: box.update(r=_call(server, "/v1/completions", body)))
         flight.start()
         time.sleep(0.5)
-        status, resp = _call(server, "/vllm_rl/reload_weights", {"mode": mode})
+        reloading = threading.Thread(target=lambda: reload.update(r=_call(
+            server, "/vllm_rl/reload_weights", {"mode": mode})))
+        reloading.start()
+        if mode == "wait":        # the reload waits for the flight: the engine is paused now
+            time.sleep(0.5)
+            assert reloading.is_alive(), "the reload ended before a request could arrive"
+            status, arrived = _call(server, "/v1/completions", {
+                "model": model, "prompt": prompts[3], "max_tokens": 16, "temperature": 0.0})
+            assert status == 200, arrived
+            assert arrived["choices"][0]["finish_reason"] in ("length", "stop"), arrived
+        reloading.join(timeout=300)
+        status, resp = reload["r"]
         assert status == 200 and resp["mode"] == mode, resp
         flight.join(timeout=300)
         code, out = box["r"]

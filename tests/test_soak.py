@@ -6,9 +6,10 @@ threads at once: random valid flag sets of every section (group, darts, duet, da
 arrol) in the JSON and the dotted form, streamed and not, some aborted by the client at
 a random point; groups sent as single requests (one ``group.id``, ``group.size`` /
 ``redundant``); flagless requests; and invalid sets with exactly one bad flag.  It
-asserts: no 5xx ever; every invalid set gets a 400 naming its flag (a streamed one gets
-it as vLLM's in-stream error event, ``"code": 400``: the flags are checked when the
-engine admits the request, after the stream's 200 headers); every returned
+asserts: no 5xx ever; every invalid set gets a real HTTP 400 naming its flag, streamed
+or not (``vllm_rl.http_flags`` checks the flags before vLLM starts the response, DAS
+budget against the server's drafter included: never 200 headers and an in-stream error
+event); every returned
 record agrees with its tokens (length, reason against finish_reason, weight, the
 techniques' fields); the RL counters on ``/metrics`` cover every returned record;
 afterwards nothing runs or waits and the KV cache is empty; and a flagless seeded
@@ -297,7 +298,7 @@ class Storm:
         if status is None or status >= 500:
             return
         if flag is not None:
-            if status != 400 or f"'{flag}'" not in json.dumps(resp):
+            if status != 400 or resp.get("in_stream") or f"'{flag}'" not in json.dumps(resp):
                 self.fail(job, f"invalid {flag} in {raw}: HTTP {status} {json.dumps(resp)[:300]}")
             return
         if status != 200:

@@ -11,7 +11,12 @@
   worker's own ``reload_weights``, then resets the prefix cache.  DAS trees and the ARRoL
   head stay.  Requests in flight: ``"mode": "wait"`` (default) lets them finish on the
   old weights first, ``"abort"`` ends them (finish reason ``abort``), ``"keep"`` continues
-  them on the new weights (vLLM's ``pause_generation`` modes).
+  them on the new weights (vLLM's ``pause_generation`` modes).  Requests that arrive
+  during the reload are parked and served on the new weights, never refused (vLLM 0.33's
+  own ``pause_generation`` answers them 503; :func:`vllm_rl.weights.pause_parked`).
+- ``POST /v1/completions`` and ``POST /v1/chat/completions`` (vLLM's own routes) get
+  :class:`vllm_rl.http_flags.FlagCheckMiddleware`: a bad ``vllm_rl`` flag is an HTTP 400
+  before the response starts, streamed or not.
 
 The engine side is the worker extension (:mod:`vllm_rl.worker`, installed with the
 engine) and vLLM's worker; this plugin only exposes them.  vLLM loads endpoint plugins
@@ -63,6 +68,10 @@ class RLEndpoints:
         from fastapi import APIRouter, Request
         from fastapi.responses import JSONResponse
 
+        from vllm_rl.http_flags import FlagCheckMiddleware
+
+        # build_app calls this before the app starts: middleware may still be added
+        app.add_middleware(FlagCheckMiddleware)
         router = APIRouter()
 
         def _error(status: int, message: str):
@@ -154,8 +163,10 @@ class RLEndpoints:
                 _check_weights_dir(body.get("path"))
             except ValueError as e:
                 return _error(400, f"reload_weights: {e}")
+            from vllm_rl.weights import pause_parked
+
             t0 = time.perf_counter()
-            await client.pause_generation(mode=mode, clear_cache=False)
+            await pause_parked(client, mode)     # arrivals wait for the resume, no 503
             try:
                 await client.collective_rpc("reload_weights",
                                             kwargs={"weights_path": body.get("path")})

@@ -82,20 +82,58 @@ def load_weights(llm: Any, weights: Iterable | dict) -> None:
     llm.reset_prefix_cache()
 
 
+_warned_no_park = False
+
+
+async def pause_parked(engine: Any, mode: str) -> None:
+    """Pause ``engine`` (an ``AsyncLLM``) the way ``pause_generation(mode=mode,
+    clear_cache=False)`` does for the requests in flight, with requests that arrive
+    during the pause *parked*: queued until ``engine.resume_generation()``, then
+    admitted, on vLLM 0.32 and 0.33 alike.
+
+    vLLM 0.32's ``AsyncLLM.pause_generation`` is the engine core's ``pause_scheduler``,
+    which queues new requests.  vLLM 0.33's calls the engine core's ``pause_generation``
+    instead, which in ``abort`` and ``wait`` mode also rejects every request that
+    arrives before the resume (``engine_paused``, a ``RetryableRequestError``: HTTP 503).
+    Both versions' engine-core client still has ``pause_scheduler_async`` (vLLM's
+    elastic-EP scaling pauses with it), so calling it keeps 0.32's behaviour on both;
+    the modes are the same (``abort`` ends the requests in flight, ``wait`` lets them
+    finish, ``keep`` freezes them).  :mod:`vllm_rl.compat.contracts` (``reload.*``)
+    checks this against a vLLM release.  An engine client without it (not an
+    ``AsyncLLM``) is paused with its ``pause_generation``, and a warning says that
+    requests arriving meanwhile may be refused.
+    """
+    global _warned_no_park
+    pause = getattr(getattr(engine, "engine_core", None), "pause_scheduler_async", None)
+    if pause is not None:
+        await pause(mode=mode, clear_cache=False)
+        return
+    if not _warned_no_park:
+        _warned_no_park = True
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "%s has no engine_core.pause_scheduler_async: pausing with pause_generation, "
+            "which may refuse requests that arrive during the reload", type(engine).__name__)
+    await engine.pause_generation(mode=mode, clear_cache=False)
+
+
 async def load_weights_async(engine: Any, weights: Iterable | dict, mode: str = "wait") -> None:
     """New weights into a serving ``AsyncLLM`` (a vllm_rl engine), between requests.
 
-    vLLM's ``pause_generation(mode=...)`` decides what happens to requests in flight:
-    ``"wait"`` (the default) lets them finish on the old weights while new ones wait, so
-    every sample comes from one policy; ``"abort"`` ends them now with ``finish_reason``
+    ``mode`` decides what happens to requests in flight (vLLM's ``pause_generation``
+    modes): ``"wait"`` (the default) lets them finish on the old weights, so every
+    sample comes from one policy; ``"abort"`` ends them now with ``finish_reason``
     ``"abort"`` (record reason ``abort``: not a technique's early end); ``"keep"`` freezes
     them and they continue on the new weights (a partial rollout across two policies).
-    Then the reload, the prefix-cache reset, and ``resume_generation``.  The RL state stays.
+    Requests that arrive during the reload are parked and then served on the new
+    weights; none is refused (:func:`pause_parked`).  Then the reload, the prefix-cache
+    reset, and ``resume_generation``.  The RL state stays.
     """
     if mode not in ("wait", "abort", "keep"):
         raise ValueError(f"load_weights_async mode={mode!r}: allowed 'wait', 'abort', 'keep'")
     dtype = engine.vllm_config.model_config.dtype
-    await engine.pause_generation(mode=mode, clear_cache=False)
+    await pause_parked(engine, mode)
     try:
         await engine.collective_rpc("vllm_rl_reload_weights", args=(pack(_pairs(weights, dtype)),))
         await engine.reset_prefix_cache()

