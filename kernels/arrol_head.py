@@ -44,9 +44,10 @@ def _check(hidden, rows, w1, b1, w2, activation: str) -> None:
     if H != hidden.shape[1]:
         raise ValueError(f"score_rows w1: expected [D, {hidden.shape[1]}], "
                          f"got {tuple(w1.shape)}")
-    if tuple(b1.shape) != (D,) or tuple(w2.shape) != (D,):
-        raise ValueError(f"score_rows b1/w2: expected [{D}], got {tuple(b1.shape)} "
-                         f"and {tuple(w2.shape)}")
+    if tuple(b1.shape) not in ((D,), (rows.shape[0], D)) or tuple(w2.shape) != (D,):
+        raise ValueError(f"score_rows b1/w2: expected b1 [{D}] or [{rows.shape[0]}, {D}] "
+                         f"(per row) and w2 [{D}], got {tuple(b1.shape)} and "
+                         f"{tuple(w2.shape)}")
 
 
 def torch_score_rows(hidden, rows, w1, b1, w2, b2, activation: str = "relu"):
@@ -59,7 +60,7 @@ def torch_score_rows(hidden, rows, w1, b1, w2, b2, activation: str = "relu"):
     """
     _check(hidden, rows, w1, b1, w2, activation)
     x = hidden.index_select(0, rows.to(hidden.device, torch.int64)).float()
-    h = torch.nn.functional.linear(x, w1.float(), b1.float())
+    h = x @ w1.float().t() + b1.to(x.device).float()          # b1: [D], or [R, D] per row
     h = torch.relu(h) if activation == "relu" else torch.nn.functional.gelu(h)
     return torch.sigmoid(h @ w2.float() + torch.as_tensor(b2, dtype=torch.float32,
                                                            device=h.device))
@@ -73,8 +74,8 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def head_kernel(hidden_ptr, stride_row, rows_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, out_ptr,
-                    N, H, D, GELU: tl.constexpr, BLOCK_H: tl.constexpr,
+    def head_kernel(hidden_ptr, stride_row, rows_ptr, w1_ptr, b1_ptr, b1_stride, w2_ptr,
+                    b2_ptr, out_ptr, N, H, D, GELU: tl.constexpr, BLOCK_H: tl.constexpr,
                     BLOCK_D: tl.constexpr):
         # One scored row per program (Sec. 4.2 head): layer 1 over H in BLOCK_H tiles for
         # all D head units, fp32 accumulation; an out-of-range row reads nothing, gives NaN.
@@ -93,7 +94,9 @@ def _kernel():
             w = tl.load(w1_ptr + d[:, None] * H + k[None, :],
                         mask=d_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
             acc += tl.sum(w * x[None, :], axis=1)
-        acc += tl.load(b1_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+        # b1 per scored row (b1_stride = D: the trace features' part, W1f f, folded in)
+        # or shared (b1_stride = 0)
+        acc += tl.load(b1_ptr + pid * b1_stride + d, mask=d_ok, other=0.0).to(tl.float32)
         if GELU:
             acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
         else:
@@ -132,8 +135,9 @@ def triton_score_rows(hidden, rows, w1, b1, w2, b2, activation: str = "relu",
         hidden = hidden.contiguous()
     dev = hidden.device
     b2 = torch.as_tensor(b2, dtype=torch.float32, device=dev).reshape(1)
+    b1 = b1.to(dev).float().contiguous()
     kernel[(n,)](hidden, hidden.stride(0), rows.to(dev).contiguous(), w1.to(dev).contiguous(),
-                 b1.to(dev).contiguous(), w2.to(dev).contiguous(), b2, out,
+                 b1, D if b1.dim() == 2 else 0, w2.to(dev).contiguous(), b2, out,
                  hidden.shape[0], H, D, GELU=activation == "gelu", BLOCK_H=block_h,
                  BLOCK_D=triton.next_power_of_2(D), num_warps=num_warps)
     return out

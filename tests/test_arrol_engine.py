@@ -221,7 +221,8 @@ def test_all_four_techniques_in_one_request(das_llm, prompts):
             assert i.draft_proposed is not None and i.draft_proposed >= i.draft_accepted >= 0
             assert i.length == len(c.token_ids)
             if i.length > L and i.reason is not Reason.DARTS_CANCELLED:
-                assert i.score is not None and i.head_version == v and i.p == pytest.approx(0.5)
+                # composition rule: in a DARTS group of 4 of 8, kappa 0.5 becomes 0.75
+                assert i.score is not None and i.head_version == v and i.p == pytest.approx(0.75)
             if i.reason is Reason.ARROL_PRUNED:
                 assert i.pruned and i.weight == 0.0 and not i.selected
             if i.selected:
@@ -230,3 +231,85 @@ def test_all_four_techniques_in_one_request(das_llm, prompts):
                 assert i.weight == 0.0 and i.k2 == 100
     assert Reason.ARROL_PRUNED in reasons
     assert reasons & {Reason.DARTS_CANCELLED, Reason.DUET_ABORTED, Reason.DUET_TRIMMED}
+
+
+def _trace_of(c, L: int) -> tuple[float, float]:
+    """Mean and minimum of the returned (raw) log-probabilities of the first L tokens."""
+    lps = [d[t].logprob for d, t in zip(c.logprobs[:L], c.token_ids[:L])]
+    return sum(lps) / len(lps), min(lps)
+
+
+def _hf_entropy(model, ids: list[int], start: int, count: int) -> float:
+    """Mean entropy of the next-token distributions that produced ids[start:start+count]."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, start - 1:start - 1 + count].float()
+    lp = torch.log_softmax(logits, -1)
+    return float(-(lp.exp() * lp).sum(-1).mean())
+
+
+def test_trace_features_are_the_first_l_detect_tokens(arrol_llm, hf_model, prompts):
+    """The record's trace is the mean and minimum log-probability of the sample's first
+    l_detect tokens (the engine's own, as vLLM returns them) and the mean entropy of the
+    distributions they were drawn from (against a transformers forward)."""
+    L = 16
+    outs = arrol_llm.generate(prompts[:6], SamplingParams(
+        n=2, temperature=1.0, max_tokens=48, seed=11, logprobs=0,
+        extra_args=rl_params(arrol={"l_detect": L})), use_tqdm=False)
+    checked = 0
+    for o, c, info in _infos(outs):
+        if info.length <= L:
+            assert info.trace is None
+            continue
+        mean_lp, min_lp = _trace_of(c, L)
+        assert info.trace[0] == pytest.approx(mean_lp, abs=1e-4)
+        assert info.trace[1] == pytest.approx(min_lp, abs=1e-4)
+        ids = list(o.prompt_token_ids) + list(c.token_ids)
+        ent = _hf_entropy(hf_model, ids, len(o.prompt_token_ids), L)
+        assert info.trace[2] == pytest.approx(ent, abs=0.05)        # bf16 engine vs fp32
+        checked += 1
+    assert checked >= 6
+
+
+def test_trace_features_inside_multi_token_das_steps(das_llm, prompts):
+    """With drafts accepted, a step brings several tokens: each counts once, a rejected
+    draft never, and the scored draft position's own tokens are in the features."""
+    L = 20
+    ps = prompts[24:28]
+    sp = SamplingParams(temperature=0, max_tokens=48, logprobs=0, extra_args=rl_params(
+        das={"policy": "fixed"}, arrol={"l_detect": L}))
+    das_llm.generate(ps, sp, use_tqdm=False)                       # fills the trees
+    outs = das_llm.generate(ps, sp, use_tqdm=False)
+    checked = 0
+    for o, c, info in _infos(outs):
+        if info.length <= L:
+            continue
+        mean_lp, min_lp = _trace_of(c, L)
+        assert info.trace[0] == pytest.approx(mean_lp, abs=1e-4)
+        assert info.trace[1] == pytest.approx(min_lp, abs=1e-4)
+        checked += 1
+    assert checked >= 2 and sum(i.draft_accepted for _, _, i in _infos(outs)) > 0
+
+
+def test_a_head_with_trace_features_scores_them(arrol_llm, prompts):
+    """A head that reads the trace (w1 zero, w1f on the mean log-probability) scores each
+    sample from its own features, as QualityHead does on the trainer's side."""
+    from vllm_rl.control.arrol import QualityHead
+
+    hidden = arrol_llm.arrol_info()["hidden_size"]
+    head = QualityHead(hidden, width=4, inputs="trace")
+    with torch.no_grad():
+        head.fcf.weight.copy_(torch.tensor([[3.0, 0.0, 0.0]] * 4))
+        head.fc1.bias.fill_(0.5)
+        head.fc2.weight.fill_(1.0)
+        head.fc2.bias.fill_(0.0)
+    arrol_llm.arrol_update(head=head.export(5), cold_start=True)
+    outs = arrol_llm.generate(prompts[:6], SamplingParams(
+        n=2, temperature=1.0, max_tokens=40, seed=4, extra_args=rl_params(
+            arrol={"l_detect": 12})), use_tqdm=False)
+    arrol_llm.arrol_update(head=_head(hidden))
+    scored = [i for _, _, i in _infos(outs) if i.score is not None]
+    assert len(scored) >= 4
+    f = torch.tensor([i.trace for i in scored])
+    expect = head.score(torch.zeros(len(scored), hidden), f)
+    assert torch.allclose(torch.tensor([i.score for i in scored]), expect, atol=1e-5)
+    assert len({round(i.score, 6) for i in scored}) > 1

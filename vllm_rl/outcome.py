@@ -54,8 +54,10 @@ class RolloutInfo:
     DUET samples kept after the gate have ``keep_prob = eps`` and weight ``1/eps``;
     aborted ones weight 0.  ARRoL samples scored at ``l_detect`` carry the head's
     ``score``, the calibrated ``q``, the survival probability ``p`` (None in the cold
-    start), the ``head_version`` and whether they were ``pruned`` (then reason
-    ``arrol_pruned``, weight 0).  DAS samples count the draft tokens they were verified on
+    start), the ``head_version``, whether they were ``pruned`` (then reason
+    ``arrol_pruned``, weight 0), their ``trace`` features (mean and minimum token
+    log-probability and mean entropy of the first ``l_detect`` tokens) and ``floor``
+    when the coin said prune but the sample's DARTS group was at M.  DAS samples count the draft tokens they were verified on
     (``draft_proposed``) and how many the model accepted (``draft_accepted``); their
     tokens are the model's own either way.
     """
@@ -80,6 +82,9 @@ class RolloutInfo:
     head_version: int | None = None      # ARRoL: the head version that scored it
     pruned: bool | None = None           # ARRoL: pruned at l_detect
     hidden: str | None = None            # ARRoL return_hidden: base64 float32 at l_detect
+    trace: list[float] | None = None     # ARRoL: TRACE_FEATURES over the first l_detect tokens
+    floor: bool | None = None            # ARRoL: its coin said prune, overruled because its
+                                         # DARTS group was at M (composition rule)
 
     def hidden_state(self):
         """The final-norm hidden state at ``l_detect`` (``arrol.return_hidden``) as a

@@ -11,6 +11,15 @@ sample recomputed from its prompt is never scored twice (each request id once). 
 sample whose ``L``-th token ends it is never computed at ``P`` and is not scored:
 nothing is left to prune.
 
+Trace features: until a sample is scored, every step also reads the raw logits rows of
+its new tokens (before the sampler divides them by the temperature in place) and adds
+each kept token's log-probability and its distribution's entropy to the sample's running
+sums; at ``l_detect`` the head may read their mean / minimum / mean entropy
+(:data:`~vllm_rl.engine.policies.arrol.TRACE_FEATURES`) beside the hidden state, and the
+verdict carries them to the record.  A token counts once it is the sample's own: a draft
+only if accepted.  With vLLM's async output the sampled ids stay on the device; their
+log-probabilities are gathered there, copied without blocking and added at the next step.
+
 What: every scored row of a step goes through the head in one call
 (:func:`vllm_rl.kernels.score_rows`: Triton on CUDA, PyTorch on the CPU); with the
 calibration pushed by the trainer the score becomes q (Eq. 1 and Bayes) and p (Eq. 2),
@@ -25,7 +34,8 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -49,6 +59,7 @@ class Head:
     activation: str
     calibration: rule.Calibration | None
     version: int
+    w1f: torch.Tensor | None = None      # [D, F]: a head that reads the trace features
 
 
 @dataclass
@@ -60,12 +71,53 @@ class Candidate:
     score: float
     hidden: torch.Tensor | None
     coin: float
+    trace: tuple[float, ...] | None = None
+
+
+@dataclass
+class Trace:
+    """A sample's running trace sums over its first ``l_detect`` tokens."""
+
+    owner: Any
+    n: int = 0
+    sum_lp: float = 0.0
+    min_lp: float = math.inf
+    sum_ent: float = 0.0
+
+    def add(self, lp: float, ent: float) -> None:
+        self.n += 1
+        self.sum_lp += lp
+        self.min_lp = min(self.min_lp, lp)
+        self.sum_ent += ent
+
+    def features(self, extra: list[tuple[float, float]] = ()) -> tuple[float, ...]:
+        """TRACE_FEATURES with ``extra`` (lp, entropy) pairs appended; zeros if empty."""
+        n, s, m, e = self.n, self.sum_lp, self.min_lp, self.sum_ent
+        for lp, ent in extra:
+            n, s, m, e = n + 1, s + lp, min(m, lp), e + ent
+        return (s / n, m, e / n) if n else (0.0, 0.0, 0.0)
+
+
+@dataclass
+class Tracked:
+    """A sample whose tokens of this step feed its trace: its batch index, its first
+    logits row in ``Plan.logprobs`` and how many rows it has there."""
+
+    index: int
+    request_id: str
+    trace: Trace
+    row: int
+    rows: int
+    limit: int                 # l_detect: tokens past it are not counted
 
 
 @dataclass
 class Plan:
     head: Head
     rows: list[Candidate]
+    tracked: list[Tracked] = field(default_factory=list)
+    logprobs: torch.Tensor | None = None     # [rows, V] log-softmax of the tracked rows
+    entropy: torch.Tensor | None = None      # [rows]
 
 
 def encode_hidden(h: torch.Tensor) -> str:
@@ -125,6 +177,8 @@ class HeadScorer:
         self.cfg = cfg
         self._scored: dict[str, Any] = {}          # request id -> owner it was scored as
         self._flags: dict[str, tuple[Any, ArrolFlags | None]] = {}
+        self._traces: dict[str, Trace] = {}        # not yet scored: running trace sums
+        self._pending: list[tuple] = []            # async output: trace terms in flight
         self.scored_total = 0
         self.pruned_total = 0
         self.scored_at_draft = 0            # scored at an accepted draft position (DAS)
@@ -145,12 +199,15 @@ class HeadScorer:
 
         check_head_state(state, hidden_size=self.hidden_size)
         width = int(state["width"])
+        w1f = None
+        if state.get("w1f") is not None:
+            w1f = _tensor(state["w1f"], (width, len(rule.TRACE_FEATURES)), "w1f", self.device)
         return Head(
             w1=_tensor(state["w1"], (width, self.hidden_size), "w1", self.device),
             b1=_tensor(state["b1"], (width,), "b1", self.device),
             w2=_tensor(state["w2"], (width,), "w2", self.device),
             b2=_tensor(state["b2"], (), "b2", self.device),
-            activation=state["activation"], calibration=None, version=version)
+            activation=state["activation"], calibration=None, version=version, w1f=w1f)
 
     def update(self, head: Any = None, calibration: Any = None, cold_start: bool = False,
                version: int | None = None) -> int:
@@ -174,6 +231,7 @@ class HeadScorer:
         h = self.head
         return {"version": h.version, "hidden_size": self.hidden_size,
                 "width": int(h.w1.shape[0]), "activation": h.activation,
+                "features": list(rule.TRACE_FEATURES) if h.w1f is not None else [],
                 "calibrated": h.calibration is not None,
                 "calibration": h.calibration.to_dict() if h.calibration else None,
                 "scored": self.scored_total, "pruned": self.pruned_total,
@@ -190,26 +248,49 @@ class HeadScorer:
         raw = extra.get(KEY)
         if isinstance(raw, dict) and raw.get("arrol") is not None:
             try:
-                flags = parse(raw).arrol
+                parsed = parse(raw)
             except (TypeError, ValueError):      # not canonical: the front end was bypassed
-                flags = None
+                parsed = None
+            flags = None if parsed is None else parsed.arrol
+            g = None if parsed is None else parsed.group
+            if flags is not None and parsed.darts is not None and g is not None:
+                # composition rule: in a DARTS group κ applies to the redundant M' − M
+                flags = replace(flags, kappa=rule.composed_kappa(flags.kappa, g.size,
+                                                                 g.redundant))
         self._flags[rid] = (owner, flags)
         return owner, flags
 
     def plan(self, runner, state) -> Plan | None:
         """Before sampling: the rows whose ``l_detect``-th token this step computes,
-        scored in one call.  Acceptance of draft rows is settled in :meth:`finish`."""
+        scored in one call, and the log-softmax of the logits rows whose tokens feed the
+        traces of samples not yet scored.  Acceptance of draft rows is settled in
+        :meth:`finish`."""
+        self._drain_pending()
         so = state.scheduler_output
         batch = runner.input_batch
         n_reqs = batch.num_reqs
         if len(self._flags) > 4 * n_reqs + 256:
             self._forget(runner)
         spec = so.scheduled_spec_decode_tokens or {}
-        found: list[tuple[int, str, Any, ArrolFlags, int]] = []
+        meta = state.spec_decode_metadata
+        per_req = [1] * n_reqs if meta is None else [d + 1 for d in meta.num_draft_tokens]
+        found: list[tuple[int, str, Any, ArrolFlags, int, Trace, int]] = []
+        tracked: list[Tracked] = []
+        first_row, lrows = 0, []
         for i, rid in enumerate(batch.req_ids[:n_reqs]):
+            start, first_row = first_row, first_row + (per_req[i] if i < len(per_req) else 1)
             owner, flags = self._flags_of(runner, rid)
             if flags is None or self._scored.get(rid) is owner:
                 continue
+            trace = self._traces.get(rid)
+            if trace is None or trace.owner is not owner:
+                trace = self._traces[rid] = Trace(owner)
+            k = -1                       # its first row in the concatenated logprobs
+            if trace.n < flags.l_detect and state.logits is not None:
+                k = len(lrows)
+                rows = per_req[i] if i < len(per_req) else 1
+                lrows.extend(range(start, start + rows))
+                tracked.append(Tracked(i, rid, trace, k, rows, flags.l_detect))
             n = so.num_scheduled_tokens.get(rid, 0)
             off = int(batch.num_prompt_tokens[i]) + flags.l_detect - 1 \
                 - int(batch.num_computed_tokens_cpu[i])
@@ -217,15 +298,42 @@ class HeadScorer:
                 continue
             real = n - len(spec.get(rid, ()))
             found.append((int(runner.query_start_loc.np[i]) + off, rid, owner, flags,
-                          max(0, off - real + 1)))
-        if not found:
+                          max(0, off - real + 1), trace, k))
+        if not found and not tracked:
             return None
-        head = self.head
+        logprobs = entropy = None
+        if lrows:
+            idx = torch.tensor(lrows, dtype=torch.int64, device=state.logits.device)
+            logprobs = torch.log_softmax(state.logits.index_select(0, idx).float(), dim=-1)
+            entropy = -(logprobs.exp() * logprobs).sum(-1)
+        plan = Plan(self.head, [], tracked, logprobs, entropy)
+        if found:
+            plan.rows = self._score(plan, state, spec, found)
+        return plan
+
+    def _score(self, plan: Plan, state, spec, found) -> list[Candidate]:
+        """Score the candidate rows in one call (with each one's trace features: the
+        tokens before this step, plus this step's drafts up to the scored one)."""
+        head = plan.head
+        traces = []
+        for _, rid, _, _, needs, trace, k in found:
+            extra: list[tuple[float, float]] = []
+            if needs and k >= 0:
+                drafts = list(spec.get(rid, ()))[:needs]
+                rows = list(range(k, k + len(drafts)))
+                lps = plan.logprobs[rows, torch.tensor(drafts).clamp_min(0).to(
+                    plan.logprobs.device)].tolist()
+                extra = list(zip(lps, plan.entropy[rows].tolist()))
+            traces.append(trace.features(extra))
         from vllm_rl.kernels import score_rows
 
         rows = torch.tensor([f[0] for f in found], dtype=torch.int64,
                             device=state.hidden_states.device)
-        scores = score_rows(state.hidden_states, rows, head.w1, head.b1, head.w2, head.b2,
+        b1 = head.b1
+        if head.w1f is not None:
+            feats = torch.tensor(traces, dtype=torch.float32, device=head.w1f.device)
+            b1 = head.b1 + feats @ head.w1f.t()          # [R, D]: W1f f folded into b1
+        scores = score_rows(state.hidden_states, rows, head.w1, b1, head.w2, head.b2,
                             head.activation).tolist()
         want = [j for j, f in enumerate(found) if f[3].return_hidden]
         hidden = {}
@@ -233,18 +341,25 @@ class HeadScorer:
             picked = state.hidden_states[rows[want]].float().cpu()
             hidden = {j: picked[k] for k, j in enumerate(want)}
         out = []
-        for j, (_, rid, owner, flags, needs) in enumerate(found):
+        for j, (_, rid, owner, flags, needs, _, _) in enumerate(found):
             params = owner.sampling_params
             coin = rule.prune_coin(params.seed, owner.prompt_token_ids, rid)
-            out.append(Candidate(rid, owner, flags, needs, float(scores[j]), hidden.get(j), coin))
-        return Plan(head, out)
+            out.append(Candidate(rid, owner, flags, needs, float(scores[j]), hidden.get(j),
+                                 coin, traces[j]))
+        return out
 
     def finish(self, plan: Plan, out) -> None:
-        """After sampling: keep the rows whose token is the sample's own, decide, and
-        attach the verdicts to the step's output."""
+        """After sampling: add this step's kept tokens to the traces, keep the candidate
+        rows whose token is the sample's own, decide, and attach the verdicts to the
+        step's output."""
         mro = getattr(out, "_model_runner_output", out)
         sampled = getattr(mro, "sampled_token_ids", None)
         index = getattr(mro, "req_id_to_index", None) or {}
+        if plan.tracked:
+            if out is mro:
+                self._add_tokens(plan, sampled, index)
+            else:
+                self._add_tokens_async(plan, out)
         verdicts = {}
         for c in plan.rows:
             if c.needs_accept:
@@ -255,15 +370,66 @@ class HeadScorer:
                     continue          # that draft was rejected: the real token comes next step
             v = rule.decide(c.score, plan.head.calibration, c.flags, c.coin)
             self._scored[c.request_id] = c.owner
+            self._traces.pop(c.request_id, None)
             self.scored_total += 1
             self.scored_at_draft += c.needs_accept > 0
             self.pruned_total += bool(v.pruned)
-            verdicts[c.request_id] = (v.score, v.q, v.p, v.pruned, plan.head.version,
-                                      encode_hidden(c.hidden) if c.hidden is not None else None)
+            verdicts[c.request_id] = rule.ArrolVerdict(
+                v.score, v.q, v.p, v.pruned, plan.head.version,
+                encode_hidden(c.hidden) if c.hidden is not None else None, c.trace)
         if verdicts:
             setattr(mro, OUTPUT_ATTR, verdicts)
+
+    def _add_tokens(self, plan: Plan, sampled, index) -> None:
+        """This step's kept tokens of each tracked sample: token k came from its k-th
+        logits row (a draft accepted, or the bonus / plain sampled token)."""
+        rows, toks, owners = [], [], []
+        for t in plan.tracked:
+            i = index.get(t.request_id)
+            if i is None or not sampled or i >= len(sampled):
+                continue
+            room = t.limit - t.trace.n
+            for k, tok in enumerate(list(sampled[i])[:min(t.rows, max(room, 0))]):
+                rows.append(t.row + k)
+                toks.append(int(tok))
+                owners.append(t.trace)
+        if rows:
+            r = torch.tensor(rows, device=plan.logprobs.device)
+            lps = plan.logprobs[r, torch.tensor(toks, device=r.device)].tolist()
+            for trace, lp, ent in zip(owners, lps, plan.entropy[r].tolist()):
+                trace.add(lp, ent)
+
+    def _add_tokens_async(self, plan: Plan, out) -> None:
+        """Async output (no drafts): the sampled ids are a device tensor; gather their
+        log-probabilities there and copy them without blocking (added next step)."""
+        ids = getattr(out, "_sampled_token_ids", None)
+        if ids is None:
+            return
+        bad = set(getattr(out, "_invalid_req_indices", ()) or ())
+        keep = [t for t in plan.tracked if t.index not in bad and t.trace.n < t.limit]
+        if not keep:
+            return
+        dev = plan.logprobs.device
+        r = torch.tensor([t.row for t in keep], device=dev)
+        tok = ids[torch.tensor([t.index for t in keep], device=ids.device), 0].to(dev)
+        lp = plan.logprobs[r, tok.clamp_min(0).long()].to("cpu", non_blocking=True)
+        ent = plan.entropy[r].to("cpu", non_blocking=True)
+        event = None
+        if dev.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        self._pending.append((event, lp, ent, [t.trace for t in keep]))
+
+    def _drain_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for event, lp, ent, traces in pending:
+            if event is not None:
+                event.synchronize()
+            for trace, a, b in zip(traces, lp.tolist(), ent.tolist()):
+                trace.add(a, b)
 
     def _forget(self, runner) -> None:
         live = runner.requests
         self._flags = {r: v for r, v in self._flags.items() if r in live}
         self._scored = {r: v for r, v in self._scored.items() if r in live}
+        self._traces = {r: v for r, v in self._traces.items() if r in live}

@@ -64,6 +64,11 @@ def full(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "train":
+        from vllm_rl.bench import train
+
+        train.main(argv[1:])
+        return
     if "--full" in argv:
         i = argv.index("--full")
         full(argv[:i] + argv[i + 1:])

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from vllm_rl.flags import GroupFlags, RLFlags
 
 if TYPE_CHECKING:
+    from vllm_rl.engine.policies.arrol import ArrolVerdict
     from vllm_rl.engine.policies.duet import DuetState
 
 
@@ -24,8 +25,9 @@ class Member:
     group: "GroupState | None" = None
     finish_rank: int | None = None
     duet: "DuetState | None" = None
-    arrol: tuple | None = None  # ARRoL verdict: (score, q, p, pruned, version, hidden)
+    arrol: "ArrolVerdict | None" = None   # ARRoL's verdict at l_detect
     arrol_pending: bool = False  # pruned by its verdict, not yet ended
+    arrol_floor: bool = False    # its prune was overruled: its DARTS group was at M
     draft_proposed: int = 0     # speculative tokens this sample was verified on
     draft_accepted: int = 0     # of which the model accepted (and the sample kept)
     step_accepted: int = 0      # accepted this step, until the update sees what is kept

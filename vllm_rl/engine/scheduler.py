@@ -18,6 +18,12 @@ admission, and per step:
   at the end of the same step, freeing their KV blocks and returning their partial
   output with a reason.
 
+When several techniques act on one group, the composition rule of
+``docs/ARCHITECTURE.md`` decides who may remove what: inside a DARTS group DUET's gate is
+DARTS's length cap (no eps-keep) and ARRoL never prunes the group below its M (a coin that
+would is overruled and the record says so); pruned, aborted and cancelled samples never
+count toward M.
+
 Every early end keeps the tokens (and logprobs) the model really produced and writes a
 :class:`~vllm_rl.outcome.RolloutInfo` record into the request's ``stop_reason``.  With
 speculative decoding a step may bring several tokens; the policies read the count, so
@@ -35,6 +41,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_rl.arrol.config import check_runner
 from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
 from vllm_rl.engine.policies import darts, duet, markers
+from vllm_rl.engine.policies.arrol import ArrolVerdict
 from vllm_rl.engine.trace import TraceMixin
 from vllm_rl.flags import FlagError, extract, normalize, parse
 from vllm_rl.outcome import Reason, RolloutInfo
@@ -61,7 +68,7 @@ class RLSchedulerMixin(TraceMixin):
         # ended by then), and the steps they ran past their M-th valid end: the price
         # of exact shortest-M over stopping at the M-th finish.
         self.rl_stats = {"groups_stopped": 0, "groups_resolved": 0, "stop_wait_steps": 0,
-                         "arrol_scored": 0, "arrol_pruned": 0}
+                         "arrol_scored": 0, "arrol_pruned": 0, "arrol_floor": 0}
         self._arrol_pending: list[Member] = []
         self.duet_thresholds: dict[str, duet.OnlineThresholds] = {}
         self._duet_live: dict[str, int] = {}
@@ -89,10 +96,10 @@ class RLSchedulerMixin(TraceMixin):
             return None
         member = Member(request.request_id, flags)
         if flags.duet is not None:
-            member.duet = self._duet_state(request, flags.duet)
+            member.duet = self._duet_state(request, flags.duet, flags.darts is not None)
         return member
 
-    def _duet_state(self, request: Request, f) -> duet.DuetState:
+    def _duet_state(self, request: Request, f, in_darts: bool) -> duet.DuetState:
         kind = _duet_kind(f)
         online = self.duet_thresholds.setdefault(kind, duet.OnlineThresholds())
         cold_k1, cold_k2 = online.thresholds(request.max_tokens)
@@ -104,7 +111,9 @@ class RLSchedulerMixin(TraceMixin):
             flags=f, detector=markers.detector(f.marker, f.pattern, prompt),
             k1=cold_k1 if f.k1 is None else f.k1, k2=cold_k2 if f.k2 is None else f.k2,
             coin=duet.seeded_coin(request.sampling_params.seed, request.prompt_token_ids,
-                                  request.request_id))
+                                  request.request_id),
+            eps=0.0 if in_darts else f.eps)       # composition: the gate caps DARTS's pool
+
 
     @property
     def tokenizer(self):
@@ -131,6 +140,8 @@ class RLSchedulerMixin(TraceMixin):
             # Its group already has its M shortest (possibly earlier in this very step).
             request.status = EARLY_END_STATUS
             _write_cancel_record(request, member)
+            if member.duet is not None:
+                self._duet_observe(member, Reason.DARTS_CANCELLED, request.num_output_tokens)
             return new_token_ids, True
         if stopped:
             self._record_end(request, member, _natural_reason(request))
@@ -167,13 +178,20 @@ class RLSchedulerMixin(TraceMixin):
 
     def _take_verdicts(self, verdicts: dict) -> None:
         """ARRoL verdicts of this step: each sample's first one is kept (a request is
-        scored once); a pruned sample ends at its update in this same step."""
+        scored once); a pruned sample ends at its update in this same step, unless its
+        DARTS group would then keep fewer than M samples that can still be selected
+        (composition rule: the coin is overruled, ``floor`` in the record)."""
         for rid, verdict in verdicts.items():
             member = self.rl_members.get(rid)
             if member is None or member.flags.arrol is None or member.arrol is not None:
                 continue
-            member.arrol = tuple(verdict)
-            if verdict[3]:
+            verdict = ArrolVerdict(*verdict)
+            if verdict.pruned and _at_floor(member):
+                verdict = verdict._replace(pruned=False)
+                member.arrol_floor = True
+                self.rl_stats["arrol_floor"] += 1
+            member.arrol = verdict
+            if verdict.pruned:
                 member.arrol_pending = True
                 self._arrol_pending.append(member)
             self.rl_stats["arrol_scored"] += 1
@@ -254,8 +272,7 @@ class RLSchedulerMixin(TraceMixin):
         weight = 1.0
         if state is not None:
             weight = 0.0 if reason is Reason.DUET_ABORTED else state.weight
-            if reason not in (Reason.DUET_ABORTED, Reason.ARROL_PRUNED):
-                self.duet_thresholds[_duet_kind(state.flags)].observe(request.num_output_tokens)
+            self._duet_observe(member, reason, request.num_output_tokens)
         if reason is Reason.ARROL_PRUNED:
             weight = 0.0
             self.rl_stats["arrol_pruned"] += 1
@@ -266,6 +283,20 @@ class RLSchedulerMixin(TraceMixin):
             **_draft_fields(member), **_arrol_fields(member, reason),
             **(_duet_fields(state) if state is not None else {})).encode()
 
+    def _duet_observe(self, member: Member, reason: Reason, length: int) -> None:
+        """One DUET sample's end into its kind's natural-length window
+        (:class:`~vllm_rl.engine.policies.duet.OnlineThresholds`): an event if the model
+        (or its marker) ended it, right-censored if something cut it short; a coin's
+        survivor weighted by its inverse propensity, a coin's casualty left out."""
+        state = member.duet
+        if reason is Reason.ARROL_PRUNED or (reason is Reason.DUET_ABORTED and state.eps > 0):
+            return
+        weight = 1.0 / state.keep_prob if state.keep_prob > 0 else 1.0  # eps = 0: censored
+        verdict = member.arrol
+        if verdict is not None and verdict.p and not member.arrol_floor:
+            weight /= verdict.p
+        self.duet_thresholds[_duet_kind(state.flags)].observe(length, reason.valid, weight)
+
     def _cancel_stopped_groups(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         """Finish the live members of early-stopped groups now and free their blocks."""
         groups, self._stopped_groups = self._stopped_groups, []
@@ -275,6 +306,9 @@ class RLSchedulerMixin(TraceMixin):
                 request = self.requests.get(member.request_id)
                 if request is not None:
                     _write_cancel_record(request, member)
+                    if member.duet is not None:
+                        self._duet_observe(member, Reason.DARTS_CANCELLED,
+                                           request.num_output_tokens)
             self._finish_now([m.request_id for m in members], outputs)
 
     def _finish_now(self, request_ids: list[str], outputs: dict[int, EngineCoreOutputs]) -> None:
@@ -303,11 +337,24 @@ def _write_cancel_record(request: Request, member: Member) -> None:
 
 
 def _arrol_fields(member: Member, reason: Reason) -> dict:
-    if member.arrol is None:
+    v = member.arrol
+    if v is None:
         return {}
-    score, q, p, _, version, hidden = member.arrol
-    return {"score": score, "q": q, "p": p, "head_version": version,
-            "pruned": reason is Reason.ARROL_PRUNED, "hidden": hidden}
+    return {"score": v.score, "q": v.q, "p": v.p, "head_version": v.version,
+            "pruned": reason is Reason.ARROL_PRUNED, "hidden": v.hidden,
+            "trace": list(v.trace) if v.trace is not None else None,
+            "floor": True if member.arrol_floor else None}
+
+
+def _at_floor(member: Member) -> bool:
+    """Pruning ``member`` would leave its DARTS group fewer than M samples that can still
+    be selected: valid ones that ended, live ones not being pruned, ones not yet arrived."""
+    group = member.group
+    if group is None or member.flags.darts is None:
+        return False
+    others = sum(1 for m in group.live.values() if m is not member and not m.arrol_pending)
+    missing = max(0, group.flags.redundant - group.arrived)
+    return group.valid + others + missing < group.flags.size
 
 
 def _draft_fields(member: Member) -> dict:

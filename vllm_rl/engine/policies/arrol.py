@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from vllm_rl.engine.policies import seeded_uniform
 
@@ -113,6 +113,13 @@ class Calibration:
                    d.get("bins", BINS))
 
 
+# The trace features a head may read beside the hidden state, over a sample's first
+# ``l_detect`` tokens (raw model log-probabilities, before temperature): the mean and the
+# minimum log-probability of its tokens and the mean entropy of its next-token
+# distributions (DeepConf-style trace confidence, ARRoL Fig. 2a).
+TRACE_FEATURES = ("mean_logprob", "min_logprob", "mean_entropy")
+
+
 def bin_of(s: float, bins: int = BINS) -> int:
     """App. A.4: b(s') = min(B − 1, ⌊B s'⌋), with s' clipped into [0, 1].
 
@@ -146,6 +153,18 @@ def survival(q: float, delta: float, kappa: float, rho: float, lam: float, p_min
     return min(p_max, max(p_min, kappa + delta + lam * (rho - q)))
 
 
+def composed_kappa(kappa: float, size: int, redundant: int) -> float:
+    """ARRoL's keep rate inside a DARTS group of M = ``size`` kept out of M' =
+    ``redundant`` (the composition rule, ``docs/ARCHITECTURE.md``): DARTS owns the M
+    training slots, so ARRoL's κ applies to the redundant M' − M only, κ' = M/M' +
+    κ (1 − M/M'): in expectation it prunes (1 − κ)(M' − M) samples and leaves DARTS
+    M + κ (M' − M) to select from.  Without redundancy (M' = M) κ is unchanged."""
+    if redundant <= size:
+        return kappa
+    share = size / redundant
+    return share + kappa * (1.0 - share)
+
+
 def prune_coin(seed: int | None, prompt_token_ids, request_id: str) -> float:
     """The sample's uniform coin in [0, 1) for Alg. 1 l.19, fresh randomness independent
     of the generated tokens.
@@ -156,6 +175,20 @@ def prune_coin(seed: int | None, prompt_token_ids, request_id: str) -> float:
     independent of DUET's keep coin for the same request.
     """
     return seeded_uniform("arrol-coin", seed, prompt_token_ids, request_id)
+
+
+class ArrolVerdict(NamedTuple):
+    """A scored sample's verdict as it travels from the worker to the scheduler
+    (``ModelRunnerOutput.vllm_rl_arrol[request_id]``; pickled with the output across
+    vLLM's multiprocess executor)."""
+
+    score: float
+    q: float | None
+    p: float | None
+    pruned: bool
+    version: int
+    hidden: str | None                  # base64 float32 hidden state (return_hidden)
+    trace: tuple[float, ...] | None     # TRACE_FEATURES over the first l_detect tokens
 
 
 @dataclass(frozen=True)
@@ -185,5 +218,5 @@ def decide(score: float, cal: Calibration | None, flags: Any, coin: float) -> Ve
     return Verdict(score, q, p, not coin < p)
 
 
-__all__ = ["BINS", "Calibration", "Verdict", "bin_of", "decide", "likelihoods",
-           "posterior", "prune_coin", "survival"]
+__all__ = ["BINS", "TRACE_FEATURES", "ArrolVerdict", "Calibration", "Verdict", "bin_of", "decide", "likelihoods",
+           "composed_kappa", "posterior", "prune_coin", "survival"]

@@ -12,7 +12,15 @@ Per sample, with ``t`` its number of generated tokens:
   second coin);
 * every other sample is kept with propensity 1.
 
-``K1``/``K2`` come from the flags or from :class:`OnlineThresholds` (App. A.3).  The
+Inside a DARTS group (the composition rule, ``docs/ARCHITECTURE.md``) the gate is DARTS's
+adaptive length cap: a sample past ``K2 + G`` with no marker is aborted, never kept by a
+coin (``eps = 0``; it counts as invalid, like one cut at ``max_tokens``, which DARTS never
+selects), so no 1/eps weight meets DARTS's selection.
+
+``K1``/``K2`` come from the flags or from :class:`OnlineThresholds` (App. A.3): quantiles
+of the *natural* stopping length, estimated from every DUET sample's end with the samples
+that other techniques (or the gate itself, or ``max_tokens``) cut short counted as
+right-censored, and the coins' survivors reweighted by their inverse propensities.  The
 policy only decides; the scheduler ends the request.
 """
 from __future__ import annotations
@@ -21,7 +29,6 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
-from vllm_rl.control.duet import percentile
 from vllm_rl.engine.policies import seeded_uniform
 from vllm_rl.engine.policies.markers import Detector
 from vllm_rl.flags import DuetFlags
@@ -43,19 +50,25 @@ class DuetState:
     k1: int
     k2: int
     coin: float                       # U ~ Uniform[0, 1), drawn once from the seed
+    eps: float = -1.0                 # the keep probability at the gate (flags' eps; 0 in
+                                      # a DARTS group); negative: take the flags'
     next_poll: int = 0
     marker_pos: int | None = None     # tokens generated when the marker was seen
     keep_decided: bool = False        # the gate has been reached (l.24)
 
+    def __post_init__(self) -> None:
+        if self.eps < 0:
+            self.eps = self.flags.eps
+
     @property
     def keep_prob(self) -> float:
         """p_abort of Eq. 6: the propensity with which this sample was kept."""
-        return self.flags.eps if self.keep_decided else 1.0
+        return self.eps if self.keep_decided else 1.0
 
     @property
     def weight(self) -> float:
         """Importance weight of a kept sample: 1/eps after the coin, else 1."""
-        return 1.0 / self.flags.eps if self.keep_decided else 1.0
+        return 1.0 / self.eps if self.keep_decided and self.eps > 0 else 1.0
 
 
 def seeded_coin(seed: int | None, prompt_token_ids, request_id: str) -> float:
@@ -85,25 +98,42 @@ def step(state: DuetState, num_tokens: int, text_of_tail) -> Action | None:
             return Action.TRIM
     if num_tokens >= state.k2 + f.grace:
         state.keep_decided = True
-        if state.coin >= f.eps:
+        if state.coin >= state.eps:
             return Action.ABORT
     return None
 
 
 @dataclass
 class OnlineThresholds:
-    """K1 = p30 and K2 = p80 of the last 1024 kept samples' lengths (App. A.3).
+    """K1 = p30 and K2 = p80 of the natural stopping length over the last 1024 DUET
+    samples, refit every 10 rounds (App. A.3: window W = 1,024, refit cadence N = 10,
+    K1 ← p30, K2 ← p80; cold start K1 = 0.3 L_max, K2 = 0.7 L_max).
 
-    One estimator per marker kind.  The window takes the realised length of every kept
-    sample (trimmed, eps-kept or natural; never aborted).  A *round* ends each time the
-    engine has no DUET sample left (one rollout step of a synchronous RL loop); every
-    ``refit_every`` rounds the quantiles are refit.  Until the first refit the cold start
-    is ``0.3 * L_max`` / ``0.7 * L_max`` with ``L_max`` the request's ``max_tokens``.
+    One estimator per marker kind.  The paper fills its window with "kept rollouts"; here
+    the lengths that matter are the *natural* ones, and many samples never show theirs:
+    the gate aborts the long ones, ``max_tokens`` cuts others, DARTS cancels a stopped
+    group's live members, ARRoL prunes at ``l_detect``.  Taking only the lengths that
+    did end would estimate the quantiles of a distribution the gate itself truncated, and
+    every refit would lower K2 again (a ratchet).  So each sample's end enters the window
+    as an observation ``(length, ended, weight)``:
+
+    * ended by the model or at its marker (EOS, stop, DUET trim): an event at its length;
+    * cut short (gate abort, ``max_tokens``, DARTS cancel): right-censored at its length
+      (its natural length is longer); these cut-offs do not depend on the sample's own
+      future, so the Kaplan–Meier estimate is unbiased for them;
+    * a coin's survivor carries the inverse of its propensity (inverse-probability-of-
+      censoring weights): 1/eps for one kept at the gate, 1/p for one that survived
+      ARRoL's coin; ARRoL-pruned samples leave (their prune depended on their score).
+
+    :func:`km_quantile` reads the weighted Kaplan–Meier estimate.  Until the first refit
+    the cold start is ``0.3 * L_max`` / ``0.7 * L_max`` with ``L_max`` the request's
+    ``max_tokens``.  A *round* ends each time the engine has no DUET sample left (one
+    rollout step of a synchronous RL loop).
     """
 
     window: int = 1024
     refit_every: int = 10
-    lengths: deque = field(default_factory=deque)
+    observations: deque = field(default_factory=deque)
     rounds: int = 0
     k1: int | None = None
     k2: int | None = None
@@ -113,13 +143,38 @@ class OnlineThresholds:
             return int(0.3 * max_tokens), int(0.7 * max_tokens)
         return self.k1, self.k2
 
-    def observe(self, length: int) -> None:
-        self.lengths.append(length)
-        if len(self.lengths) > self.window:
-            self.lengths.popleft()
+    def observe(self, length: int, ended: bool = True, weight: float = 1.0) -> None:
+        self.observations.append((int(length), bool(ended), float(weight)))
+        if len(self.observations) > self.window:
+            self.observations.popleft()
 
     def end_round(self) -> None:
         self.rounds += 1
-        if self.rounds % self.refit_every == 0 and self.lengths:
-            self.k1 = round(percentile(self.lengths, 30))
-            self.k2 = round(percentile(self.lengths, 80))
+        if self.rounds % self.refit_every == 0 and self.observations:
+            obs = list(self.observations)
+            self.k1 = km_quantile(obs, 0.30)
+            self.k2 = max(self.k1, km_quantile(obs, 0.80))
+
+
+def km_quantile(observations, q: float) -> int:
+    """The ``q``-quantile of a length distribution from weighted right-censored
+    observations ``(length, ended, weight)``: the smallest length t at which the
+    weighted Kaplan–Meier estimate of P(L <= t) reaches ``q``.  If it never does (too
+    much mass censored beyond the last event), the largest observed length: the natural
+    length of more than ``1 - q`` of the samples lies past everything seen."""
+    events: dict[int, float] = {}
+    for length, ended, w in observations:
+        if ended:
+            events[length] = events.get(length, 0.0) + w
+    at_risk = sum(w for _, _, w in observations)
+    by_len = sorted(observations)
+    survival, j = 1.0, 0
+    for t in sorted(events):
+        while j < len(by_len) and by_len[j][0] < t:     # left the risk set before t
+            at_risk -= by_len[j][2]
+            j += 1
+        if at_risk > 0:
+            survival *= 1.0 - events[t] / at_risk
+        if 1.0 - survival >= q - 1e-12:
+            return t
+    return max(length for length, _, _ in observations)

@@ -6,15 +6,16 @@ response's ``action_ranges``, one reward per sample, and ``info`` from ``extra_l
 (numbers only; other keys of the dict are dropped).  Its loss (``PolicyLoss`` →
 ``aggregate_loss``) reads the advantages and ``action_mask`` only, and a row whose mask is
 all zero counts neither as tokens nor as a sample.  So, per sample (the marks of
-:func:`vllm_rl.integrations.verl.loss.training_marks`, groups annotated whole for DARTS):
+:func:`vllm_rl.integrations.common.marks.training_marks`, groups annotated whole for DARTS):
 
 * **leaves the loss** (DARTS cancelled or unselected, DUET aborted, ARRoL pruned,
   aborted): :func:`attach` empties its ``action_ranges`` → ``action_mask`` all zero (its
   tokens stay in the sequence, so OpenRLHF's ``(-1, n_samples_per_prompt)`` reward
   reshape still finds every sample of the group);
 * **its record** reaches ``Experience.info`` through ``extra_logs``:
-  ``vllm_rl/weight`` (loss weight), ``vllm_rl/keep`` (1 or 0), ``vllm_rl/early`` (ended
-  early by a technique), ``vllm_rl/length`` (tokens generated); the response dict also
+  ``vllm_rl/weight`` (loss weight), ``vllm_rl/keep`` (1 or 0), ``vllm_rl/baseline`` (1 if
+  its reward counts in the group baseline: DUET's aborted ones do, Alg. A.10 l.38),
+  ``vllm_rl/early`` (ended early by a technique), ``vllm_rl/length`` (tokens generated); the response dict also
   carries the record's wire string (``"vllm_rl"``) and the flags (``"vllm_rl_flags"``)
   for an executor or a reward function of your own.
 
@@ -26,11 +27,11 @@ PPO surrogate is positively homogeneous in the advantage, so this is the weighte
 and for a sample that leaves the loss, its reward kept out of the group baseline.
 :func:`patch_experience_maker` provides both without forking: it wraps
 ``RemoteExperienceMaker.compute_advantages_and_returns`` with :func:`before_advantages`
-(the reward of each left-out sample is set to the mean reward of its group's kept
-samples, which leaves the mean of the kept samples unchanged) and
-:func:`after_advantages` (each group's advantages rescaled to the kept-only estimator
+(the reward of each sample outside the baseline is set to the mean reward of its group's
+baseline samples, which leaves that mean unchanged) and
+:func:`after_advantages` (each group's advantages rescaled to the baseline-only estimator
 where the imputation changed the scale: ``rloo`` by (k/(k−1))/(n/(n−1)), ``group_norm``
-by sqrt((k−1)/(n−1)), k kept of n; ``reinforce_baseline`` and ``dr_grpo`` are exact as
+by sqrt((k−1)/(n−1)), k baseline samples of n; ``reinforce_baseline`` and ``dr_grpo`` are exact as
 they stand; then every advantage multiplied by its sample's weight).  A group with fewer
 than two kept samples under ``rloo`` / ``group_norm`` gets zero advantages (no baseline).
 """
@@ -45,6 +46,7 @@ from vllm_rl.outcome import RolloutInfo
 
 WEIGHT = "vllm_rl/weight"
 KEEP = "vllm_rl/keep"
+BASELINE = "vllm_rl/baseline"
 EARLY = "vllm_rl/early"
 LENGTH = "vllm_rl/length"
 _WRAPPED = "__vllm_rl_wrapped__"
@@ -54,17 +56,16 @@ def attach(responses: list[dict], infos: Sequence[RolloutInfo | None],
            flags: dict | None) -> list[dict]:
     """Put each sample's record, flags and marks into its response dict (in place; the
     samples of one ``generate_responses`` call are one group)."""
-    from vllm_rl.integrations.verl.loss import training_marks
+    from vllm_rl.integrations.common.marks import training_marks
 
     wire = json.dumps(flags, sort_keys=True) if flags is not None else None
-    fields = [{RECORD_KEY: info.encode() if info is not None else None, FLAGS_KEY: wire}
-              for info in infos]
-    for response, mark in zip(responses, training_marks(fields)):
+    for response, mark in zip(responses, training_marks(infos, [flags] * len(infos))):
         response[RECORD_KEY] = mark.info.encode() if mark.info is not None else None
         response[FLAGS_KEY] = wire
         logs = dict(response.get("extra_logs") or {})
         logs[WEIGHT] = float(mark.weight)
         logs[KEEP] = 1.0 if mark.keep else 0.0
+        logs[BASELINE] = 1.0 if mark.baseline else 0.0
         logs[EARLY] = 1.0 if mark.info is not None and mark.info.reason.early else 0.0
         logs[LENGTH] = float(mark.info.length) if mark.info is not None else 0.0
         response["extra_logs"] = logs
@@ -92,12 +93,14 @@ def _scatter(experiences, values) -> list:
 
 
 def before_advantages(experiences, n: int) -> Any:
-    """Set each left-out sample's reward to its group's kept mean (groups: ``n``
-    consecutive samples in original order).  Returns the state :func:`after_advantages`
-    needs (None when the batch carries no records)."""
+    """Set the reward of each sample outside its group's baseline to the mean of the
+    baseline samples (groups: ``n`` consecutive samples in original order).  Returns the
+    state :func:`after_advantages` needs (None when the batch carries no records)."""
     import torch
 
-    keep = _per_sample(experiences, KEEP)
+    keep = _per_sample(experiences, BASELINE)
+    if keep is None:
+        keep = _per_sample(experiences, KEEP)
     if keep is None:
         return None
     rewards = torch.cat([e.rewards.reshape(-1).float() for e in experiences])
@@ -133,6 +136,34 @@ def after_advantages(experiences, state: Any, n: int, estimator: str) -> None:
     for e, w in zip(experiences, _scatter(experiences, per_sample)):
         w = w.to(e.advantages.dtype).view(-1, *([1] * (e.advantages.dim() - 1)))
         e.advantages = e.advantages * w
+    _diagnostics(experiences, n)
+
+
+def _diagnostics(experiences, n: int) -> None:
+    """The step diagnostics (:func:`vllm_rl.integrations.common.advantages.step_diagnostics`)
+    into every sample's ``info`` as ``vllm_rl/diag/<name>``: OpenRLHF logs the batch mean of
+    each info key, and each sample carries the batch's value, so the logged figure is it."""
+    import torch
+
+    from vllm_rl.integrations.common.advantages import step_diagnostics
+    from vllm_rl.integrations.common.marks import TrainingMark
+
+    keep, weight = _per_sample(experiences, KEEP), _per_sample(experiences, WEIGHT)
+    base = _per_sample(experiences, BASELINE)
+    index = torch.tensor([i for e in experiences for i in e.index])
+    adv = torch.cat([e.advantages.reshape(e.advantages.shape[0], -1)[:, 0].float()
+                     for e in experiences])
+    ordered = torch.empty_like(adv)
+    ordered[index] = adv
+    marks = [TrainingMark(keep=bool(k), weight=float(w), baseline=bool(b),
+                          eps_kept=bool(k) and float(w) > 1.0)
+             for k, w, b in zip(keep.tolist(), weight.tolist(),
+                                (base if base is not None else keep).tolist())]
+    diag = step_diagnostics(marks, ordered.tolist(), [i // n for i in range(len(marks))])
+    for e in experiences:
+        size = len(e.index)
+        for name, value in diag.items():
+            e.info[f"vllm_rl/diag/{name}"] = torch.full((size,), float(value))
 
 
 def patch_experience_maker(maker_cls=None) -> None:

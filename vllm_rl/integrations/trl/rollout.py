@@ -7,37 +7,49 @@ the function
 1. loads the trainer's current weights into the engine when the step changed
    (:meth:`vllm_rl.LLM.load_weights`: vLLM's ``reload_weights``; the DAS trees, ARRoL
    head and DUET thresholds stay),
-2. sends each distinct prompt once with ``n`` = M′ (``redundant``, default M) and the
-   group's flags (``group.size`` = M, ``das.problem_id`` from ``problem_id(prompt)``),
-3. returns M completions per prompt, the training group first (DARTS: the M selected;
-   otherwise every sample), with the real tokens and log-probs, and per sample:
+2. sends each distinct prompt once with ``n`` = M′ and the group's flags
+   (``group.size`` = M, ``das.problem_id`` from ``problem_id(prompt)``).  With DARTS,
+   M′ and the sampling mode come per prompt from a
+   :class:`~vllm_rl.integrations.common.planner.DartsPlanner` (Alg. 1 and Alg. 2: dual-end
+   unless the allocation saturates), unless ``redundant`` fixes one M′ for all,
+3. returns M completions per prompt with the real tokens and log-probs, in this order:
+   the training group, then the samples whose reward only counts in the group baseline
+   (DUET's aborted ones, Alg. A.10 l.38), then the others; per sample
+   (:func:`vllm_rl.integrations.common.marks.training_marks`):
 
    * ``env_mask``: TRL multiplies it into the loss mask; all ones for a sample in the
-     training group, all zeros for one that is not (DUET aborted, ARRoL pruned,
-     DARTS cancelled or unselected when fewer than M were selectable);
-   * ``vllm_rl_weight``: the record's loss weight (0 for those, 1/ε for DUET's
-     ε-kept): :func:`masked_reward` makes TRL's reward ``None`` where it is 0, so TRL
-     leaves the sample out of its group baseline and gives it zero advantage, and
-     :class:`~vllm_rl.integrations.trl.trainer.RLGRPOTrainer` multiplies the
-     advantages by it;
-   * ``vllm_rl_record``: the :class:`~vllm_rl.outcome.RolloutInfo` wire string.
+     loss, all zeros for one that is not;
+   * ``vllm_rl_weight``: the loss weight (0 out of the loss, 1/ε for DUET's ε-kept):
+     :class:`~vllm_rl.integrations.trl.trainer.RLGRPOTrainer` multiplies the advantages
+     by it;
+   * ``vllm_rl_baseline``: 1 if the reward counts in the group baseline:
+     :func:`masked_reward` makes TRL's reward ``None`` where it is 0, so TRL leaves the
+     sample out of its group mean and std;
+   * ``vllm_rl_record``: the :class:`~vllm_rl.outcome.RolloutInfo` wire string,
 
-:attr:`RolloutFunc.last` keeps the last step's records (for the ARRoL head, DUET's
-thresholds, the figures).
+4. with ARRoL and a ``reward`` function, trains the quality head between steps
+   (:class:`~vllm_rl.integrations.common.feedback.ArrolFeedback` on every sample of the
+   step, the M′ − M left out included) and pushes it to the engine.
+
+:attr:`RolloutFunc.last` keeps the last step's records (for DUET's thresholds, the
+figures); DUET's K1/K2 are the engine's own online estimate unless the flags fix them.
 """
 from __future__ import annotations
 
 import copy
 import hashlib
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from vllm import SamplingParams
 
+from vllm_rl.integrations.common.marks import TrainingMark, training_marks
 from vllm_rl.outcome import RolloutInfo
 
 RECORD = "vllm_rl_record"
 WEIGHT = "vllm_rl_weight"
+BASELINE = "vllm_rl_baseline"
 
 
 def default_problem_id(prompt: str) -> str:
@@ -50,34 +62,60 @@ class Rollout:
 
     prompts: list[str] = field(default_factory=list)
     infos: list[list[RolloutInfo]] = field(default_factory=list)     # per prompt, all M′
+    marks: list[list[TrainingMark]] = field(default_factory=list)    # per prompt, all M′
     texts: list[list[str]] = field(default_factory=list)
+    redundant: list[int] = field(default_factory=list)               # M′ per prompt
     generated_tokens: int = 0
     wall_s: float = 0.0
 
 
 class RolloutFunc:
-    """TRL ``rollout_func(prompts, trainer)`` on a :class:`vllm_rl.LLM` (module docstring)."""
+    """TRL ``rollout_func(prompts, trainer)`` on a :class:`vllm_rl.LLM` (module docstring).
+
+    ``redundant``: one M′ for every prompt, or None (DARTS: the planner's per-prompt M′;
+    otherwise M′ = M).  ``planner``: a :class:`DartsPlanner` (made with M when DARTS is
+    on and neither is given).  ``arrol_feedback`` + ``reward(prompt, text)``: train and
+    push ARRoL's head after every step.
+    """
 
     def __init__(self, llm, flags: dict[str, Any] | None = None, *, redundant: int | None = None,
                  max_tokens: int = 256, temperature: float = 1.0, seed: int = 0,
                  problem_id: Callable[[str], str] = default_problem_id,
-                 sync_weights: bool = True) -> None:
+                 sync_weights: bool = True, planner=None, arrol_feedback=None,
+                 reward: Callable[[str, str], float] | None = None) -> None:
         self.llm, self.flags = llm, copy.deepcopy(flags) if flags else None
         self.redundant, self.max_tokens, self.temperature = redundant, max_tokens, temperature
         self.seed, self.problem_id, self.sync_weights = seed, problem_id, sync_weights
+        self.planner = planner
+        self.arrol_feedback, self.reward = arrol_feedback, reward
+        if arrol_feedback is not None and reward is None:
+            raise ValueError("RolloutFunc(arrol_feedback=...) needs reward=(prompt, text) -> float")
         self.loaded_step: int | None = None
         self.calls = 0
         self.last = Rollout()
         self.last_weights: list[float] = []     # per returned sample, in TRL's order
+        self.last_marks: list[TrainingMark] = []
 
-    def _params(self, prompt: str, m: int) -> SamplingParams:
+    def _darts_planner(self, m: int):
+        if self.planner is None and self.redundant is None:
+            from vllm_rl.integrations.common.planner import DartsPlanner
+
+            self.planner = DartsPlanner(m)
+        return self.planner if self.redundant is None else None
+
+    def _params(self, prompt: str, m: int, plan=None) -> SamplingParams:
         from vllm_rl import rl_params
 
-        n = max(self.redundant or m, m)
+        n = plan.n if plan is not None else max(self.redundant or m, m)
         extra = None
         if self.flags is not None:
             flags = copy.deepcopy(self.flags)
             flags.setdefault("group", {})["size"] = m
+            if plan is not None:
+                flags["group"]["redundant"] = plan.n
+                darts = flags["darts"] = dict(flags["darts"] or {})
+                if darts.get("mode", "auto") == "auto":     # an explicit mode stays
+                    darts.update(mode=plan.mode, k=plan.k, m_up=plan.m_up)
             if "das" in flags:
                 flags["das"].setdefault("problem_id", self.problem_id(prompt))
             extra = rl_params(**flags)
@@ -97,8 +135,6 @@ class RolloutFunc:
             self.loaded_step = step
 
     def __call__(self, prompts: Sequence[Any], trainer) -> dict[str, list]:
-        import time
-
         self.load(trainer)
         distinct, counts = [], []
         for p in prompts:
@@ -107,56 +143,80 @@ class RolloutFunc:
             else:
                 distinct.append(p)
                 counts.append(1)
+        plans = [None] * len(distinct)
+        if self.flags is not None and "darts" in self.flags:
+            planner = self._darts_planner(counts[0])
+            if planner is not None:
+                plans = planner.plan([self.problem_id(p) for p in distinct])
+        params = [self._params(p, m, plan) for p, m, plan in zip(distinct, counts, plans)]
         t0 = time.perf_counter()
-        outs = self.llm.generate(list(distinct), [self._params(p, m) for p, m in zip(distinct, counts)],
-                                 use_tqdm=False)
+        outs = self.llm.generate(list(distinct), params, use_tqdm=False)
         wall = time.perf_counter() - t0
         self.calls += 1
         result: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs",
-                                                   "env_mask", WEIGHT, RECORD)}
-        self.last = Rollout(prompts=list(distinct), wall_s=wall)
-        for out, m in zip(outs, counts):
+                                                   "env_mask", WEIGHT, BASELINE, RECORD)}
+        self.last = Rollout(prompts=list(distinct), wall_s=wall,
+                            redundant=[sp.n for sp in params])
+        self.last_marks = []
+        for out, m, sp in zip(outs, counts, params):
             comps = list(out.outputs)
             infos = [getattr(c, "rollout_info", None) or RolloutInfo.from_completion(c)
                      for c in comps]
-            self.last.infos.append(infos)
+            flags = (sp.extra_args or {}).get("vllm_rl")
+            marks = training_marks(infos, [flags] * len(comps))
+            self.last.infos.append([mk.info or i for mk, i in zip(marks, infos)])
+            self.last.marks.append(marks)
             self.last.texts.append([c.text for c in comps])
             self.last.generated_tokens += sum(len(c.token_ids) for c in comps)
-            order = sorted(range(len(comps)), key=lambda i: _rank(infos[i]))[:m]
+            order = sorted(range(len(comps)), key=lambda i: _rank(marks[i]))[:m]
             for i in order:
-                c, info = comps[i], infos[i]
-                weight = _weight(info)
+                c, mark = comps[i], marks[i]
                 ids = list(c.token_ids)
                 result["prompt_ids"].append(list(out.prompt_token_ids))
                 result["completion_ids"].append(ids)
                 result["logprobs"].append([lp[t].logprob for lp, t in zip(c.logprobs or [], ids)]
                                           if c.logprobs else [0.0] * len(ids))
-                result["env_mask"].append([1 if weight > 0 else 0] * len(ids))
-                result[WEIGHT].append(weight)
-                result[RECORD].append(info.encode())
+                result["env_mask"].append([1 if mark.keep else 0] * len(ids))
+                result[WEIGHT].append(mark.weight if mark.keep else 0.0)
+                result[BASELINE].append(1 if mark.baseline else 0)
+                result[RECORD].append((mark.info or infos[i]).encode())
+                self.last_marks.append(mark)
         self.last_weights = list(result[WEIGHT])
+        self._feedback()
         return result
 
+    def _feedback(self) -> None:
+        """Between steps: DARTS's length statistics, ARRoL's head and calibration."""
+        last = self.last
+        if self.planner is not None:
+            self.planner.observe({self.problem_id(p): [i.length for i in infos]
+                                  for p, infos in zip(last.prompts, last.infos)})
+        if self.arrol_feedback is not None:
+            infos, rewards = [], []
+            for p, group, texts in zip(last.prompts, last.infos, last.texts):
+                for info, text in zip(group, texts):
+                    infos.append(info)
+                    rewards.append(self.reward(p, text))
+            update = self.arrol_feedback.observe(infos, rewards)
+            if update is not None:
+                self.llm.arrol_update(**update)
 
-def _weight(info: RolloutInfo) -> float:
-    if info.selected is False:
-        return 0.0
-    return float(info.weight)
 
-
-def _rank(info: RolloutInfo) -> tuple:
-    """Training group first: selected (DARTS), then by weight > 0, then engine order."""
-    return (info.selected is False, _weight(info) <= 0)
+def _rank(mark: TrainingMark) -> tuple:
+    """Training group first, then baseline-only samples, then the rest (engine order)."""
+    return (not mark.keep, not mark.baseline)
 
 
 def masked_reward(fn: Callable[..., list[float]]) -> Callable[..., list[float | None]]:
-    """A TRL reward function that returns ``None`` for samples outside the training group
-    (``vllm_rl_weight`` 0): TRL then leaves them out of the group baseline and gives them
-    zero advantage."""
+    """A TRL reward function that returns ``None`` for samples whose reward does not count
+    in the group baseline (``vllm_rl_baseline`` 0: DARTS's unselected, ARRoL's pruned):
+    TRL then leaves them out of its group mean and std and gives them zero advantage."""
     def reward(prompts, completions, **kwargs):
         values = fn(prompts, completions, **kwargs)
-        weights = kwargs.get(WEIGHT) or [1.0] * len(values)
-        return [None if w <= 0 else v for v, w in zip(values, weights)]
+        baseline = kwargs.get(BASELINE)
+        if baseline is None:                      # older callers: the weight decides
+            baseline = [1 if w > 0 else 0 for w in (kwargs.get(WEIGHT) or [1.0] * len(values))]
+        return [v if b else None for v, b in zip(values, baseline)]
 
     reward.__name__ = getattr(fn, "__name__", "reward")
     return reward

@@ -1,27 +1,50 @@
 """``RLGRPOTrainer``: TRL's ``GRPOTrainer`` with each sample's loss weight on its advantage.
 
-TRL's GRPO loss has no per-sample weight.  DUET's ε-kept samples need 1/ε (Eq. 6); the
-PPO-clip surrogate is positively homogeneous in the advantage, so multiplying a sample's
-advantage by its weight is the weighted loss.  The weights are those the
-:class:`~vllm_rl.integrations.trl.rollout.RolloutFunc` returned for the same generation
-batch, in TRL's order (one process; under several processes each process weights the
-slice it generated, which is the slice TRL keeps).
+TRL's GRPO loss has no per-sample weight.  TRL computes the group-relative advantages
+from the rewards :func:`~vllm_rl.integrations.trl.rollout.masked_reward` returns (``None``
+outside the group baseline, so its group mean and std run over the baseline members);
+this trainer then multiplies each advantage by the sample's loss weight from the
+:class:`~vllm_rl.integrations.trl.rollout.RolloutFunc` of the same generation batch: 0
+for a sample out of the loss (a DUET-aborted one counts in the baseline, Alg. A.10 l.38,
+but its advantage is zeroed, l.39-40), 1/ε for DUET's ε-kept (Eq. 6; the PPO-clip
+surrogate is positively homogeneous in the advantage, so this is the weighted loss), 1
+otherwise.  One process; under several processes each process weights the slice it
+generated, which is the slice TRL keeps.
+
+Every step it also logs the learning-signal diagnostics of
+:func:`vllm_rl.integrations.common.advantages.step_diagnostics` as ``vllm_rl/<name>``
+(samples in the loss per group, share of zero-advantage groups, effective sample size of
+the advantages, share carried by 1/ε weights) and keeps them in :attr:`diagnostics`.
 """
 from __future__ import annotations
 
 import torch
 from trl import GRPOTrainer
 
+from vllm_rl.integrations.common.advantages import step_diagnostics
+
 
 class RLGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose advantages carry the records' loss weights."""
 
+    diagnostics: dict[str, float] = {}
+
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        weights = getattr(self.rollout_func, "last_weights", None)
+        rollout = self.rollout_func
+        weights = getattr(rollout, "last_weights", None)
         if weights:
-            w = torch.tensor(weights, dtype=out["advantages"].dtype,
-                             device=out["advantages"].device)
-            if w.shape == out["advantages"].shape:
-                out["advantages"] = out["advantages"] * torch.where(w > 0, w, torch.ones_like(w))
+            adv = out["advantages"]
+            w = torch.tensor(weights, dtype=adv.dtype, device=adv.device)
+            if w.shape[0] == adv.shape[0]:
+                out["advantages"] = adv * w.view(-1, *([1] * (adv.dim() - 1)))
+                marks = getattr(rollout, "last_marks", None) or []
+                if len(marks) == len(weights):
+                    a = out["advantages"]
+                    flat = (a if a.dim() == 1 else a[:, 0]).tolist()
+                    groups = [i // self.num_generations for i in range(len(flat))]
+                    self.diagnostics = step_diagnostics(marks, flat, groups)
+                    mode = "train" if self.model.training else "eval"
+                    for k, v in self.diagnostics.items():
+                        self._metrics[mode][f"vllm_rl/{k}"].append(v)
         return out

@@ -1,0 +1,509 @@
+"""``vllm-rl bench train``: time-to-accuracy of GRPO through the engine, stock vs each technique.
+
+TRL's ``GRPOTrainer`` trains the embedded model with rollouts from an engine in the same
+process (:class:`vllm_rl.integrations.trl.RolloutFunc`, the trainer's weights into the
+engine every step), one run per (configuration, seed), every run from the same model:
+
+* ``stock``: stock vLLM (its own scheduler) and plain GRPO, M samples per prompt;
+* ``darts``: DARTS Alg. 1 + 2 (per-prompt M'_i in [M, 2M] for a 1.5 MN budget; dual-end
+  K = M − 1, L = 1, shortest-only with early stop where the allocation saturates);
+* ``duet``: DUET's marker gate with eps-keep (eps = 0.05, G scaled to ``max_tokens`` as
+  150 of 3,072, K1/K2 the engine's online natural-length estimate, App. A.3), the group
+  baseline over all samples (Alg. A.10 l.38);
+* ``das``: DAS drafting from per-problem suffix trees (lossless);
+* ``arrol``: ARRoL pruning at ``l_detect`` with the shared feedback (labels from natural
+  ends, head fitted over the buffer, trace features, cold start, held-out AUC gate);
+* ``all``: the four together under the composition rule (``docs/ARCHITECTURE.md``).
+
+Each step's rollout is priced on a measured GPU step-cost table (``--cost``, default the
+H100 table for Qwen3-8B shapes): the engine's own steps (batch, query widths, contexts
+from its step trace) projected, not the CPU's wall time.  Held-out accuracy: ``--eval-
+prompts`` never-trained prompts × ``--eval-samples`` samples at the training temperature,
+every ``--eval-every`` steps, *after* the step's weights are loaded into the engine; the
+same seeded samples for every configuration (common random numbers).
+
+Reported per configuration: final held-out accuracy with a 95% confidence interval over
+seeds (Student t), the projected rollout time to reach stock's final accuracy (the first
+evaluation at which the seed-mean accuracy reaches the lower end of stock's final
+interval, interpolated on cumulative projected time), total projected rollout time,
+tokens, and the learning-signal diagnostics (samples in the loss per group, zero-advantage
+groups, ESS, 1/eps weight share).  A PNG of held-out accuracy against cumulative projected
+GPU rollout time with seed bands.  Runs go to ``--workers`` processes (one CPU thread
+each); the JSON keeps every step of every run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+CONFIGS = ("stock", "darts", "duet", "das", "arrol", "all")
+MARKER = r"\\boxed\{[^}]*\}"            # the embedded task's answer marker
+COLORS = {"stock": "black", "darts": "tab:blue", "duet": "tab:orange", "das": "tab:green",
+          "arrol": "tab:red", "all": "tab:purple"}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="vllm-rl bench train", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n", 1)[0] + "\n\n" + __doc__.split("\n\n", 1)[1])
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help=f"comma-separated, among {', '.join(CONFIGS)} (stock always runs)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration (default 3)")
+    ap.add_argument("--steps", type=int, default=40, help="GRPO steps per run (default 40)")
+    ap.add_argument("--prompts", type=int, default=6, help="prompts per step (default 6)")
+    ap.add_argument("--m", type=int, default=8, help="samples per prompt in the loss, M")
+    ap.add_argument("--pool", type=int, default=96,
+                    help="training prompts, cycled (default 96: 2.5 epochs in 40 steps)")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--eval-prompts", type=int, default=64)
+    ap.add_argument("--eval-samples", type=int, default=8)
+    ap.add_argument("--heldout-seed", type=int, default=None,
+                    help="draw the held-out prompts from this generator seed instead of the "
+                         "project's fixed held-out set (an outside check on unseen prompts)")
+    ap.add_argument("--l-detect", type=int, default=24, help="ARRoL's l_detect (default 24)")
+    ap.add_argument("--arrol-cold", type=int, default=5,
+                    help="ARRoL cold-start steps (default 5: Table 7's shortest that works)")
+    ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    ap.add_argument("--cost", default="h100:qwen3-8b",
+                    help="the step-cost table the rollouts are priced on")
+    ap.add_argument("--out", default="bench-results", help="folder for JSON, PNG, vllm.log")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: stock and all, 1 seed, 2 steps, 8 held-out prompts "
+                         "x 2, one worker (about two minutes)")
+    return ap
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def grace(max_tokens: int) -> int:
+    """DUET's G scaled to the response limit: App. A.3 uses 150 tokens at 3,072."""
+    return max(8, round(150 * max_tokens / 3072))
+
+
+def technique_flags(name: str, args) -> dict | None:
+    """The flags a configuration sends (None: stock)."""
+    darts = {"darts": {}}
+    duet = {"duet": {"pattern": MARKER, "grace": grace(args.max_tokens), "eps": 0.05}}
+    das = {"das": {}}
+    arrol = {"arrol": {"l_detect": args.l_detect, "return_hidden": True}}
+    return {"stock": None, "darts": darts, "duet": duet, "das": das, "arrol": arrol,
+            "all": {**darts, **duet, **das, **arrol}}[name]
+
+
+# ----------------------------------------------------------------------------- a worker
+
+
+def _engines(args, cache: dict):
+    """The worker's two in-process engines, made once: stock vLLM (its own scheduler,
+    traced) and the RL engine (DAS drafter, ARRoL head, traced)."""
+    if not cache:
+        import vllm
+
+        from vllm_rl import LLM
+        from vllm_rl.engine.trace import CONFIG_KEY, TRACED_SCHEDULER_CLS
+        from vllm_rl.llm import CPU_KV_CACHE_BYTES
+        from vllm_rl.task import MODEL_PATH
+
+        common = dict(seed=0, max_model_len=512)
+        cache["stock"] = vllm.LLM(str(MODEL_PATH), scheduler_cls=TRACED_SCHEDULER_CLS,
+                                  additional_config={CONFIG_KEY: True},
+                                  kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, **common)
+        cache["rl"] = LLM(das=True, arrol=True, trace=True, **common)
+    return cache
+
+
+def _reset(llm, hidden_size: int) -> None:
+    """A run starts from a clean RL engine: no trees, an untrained head scoring only,
+    DUET's online thresholds from their cold start."""
+    from vllm_rl.control.arrol import QualityHead
+    from vllm_rl.engine.trace import engine_scheduler
+
+    llm.das_clear()
+    llm.arrol_update(head=QualityHead(hidden_size).export(0), cold_start=True, version=0)
+    engine_scheduler(llm).duet_thresholds.clear()
+
+
+def _heldout(args) -> list[str]:
+    from vllm_rl.task import heldout_prompts, train_problems
+    from vllm_rl.task.problems import _problem_set
+
+    if args.heldout_seed is None:
+        return heldout_prompts(args.eval_prompts)
+    exclude = set(train_problems(args.pool)) | set(_problem_set(1234, 256))
+    return [p.prompt for p in _problem_set(args.heldout_seed, args.eval_prompts, exclude)]
+
+
+def _accuracy(llm, held: list[str], args) -> float:
+    """Held-out accuracy at T = 1: the same seeded samples for every configuration."""
+    import vllm
+
+    from vllm_rl.task import reward
+
+    params = [vllm.SamplingParams(n=args.eval_samples, temperature=1.0,
+                                  max_tokens=args.max_tokens, seed=90_000 + i)
+              for i in range(len(held))]
+    outs = llm.generate(held, params, use_tqdm=False)
+    return statistics.fmean(reward(p, c.text) for p, o in zip(held, outs) for c in o.outputs)
+
+
+def run_one(name: str, seed: int, args, engines: dict, progress=None) -> dict:
+    """One GRPO run of ``name`` with ``seed``: per-step figures and the eval curve."""
+    import random
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig
+
+    from vllm_rl.cost import load_cost
+    from vllm_rl.engine.trace import engine_trace
+    from vllm_rl.integrations.common.feedback import ArrolFeedback
+    from vllm_rl.integrations.trl.rollout import RolloutFunc, masked_reward
+    from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
+    from vllm_rl.outcome import Reason
+    from vllm_rl.task import MODEL_PATH, reward, train_prompts
+    from vllm_rl.weights import load_weights
+
+    flags = technique_flags(name, args)
+    llm = engines["stock" if flags is None else "rl"]
+    model = AutoModelForCausalLM.from_pretrained(MODEL_PATH)
+    hidden_size = model.config.hidden_size
+    load_weights(llm, model.state_dict())
+    if flags is not None:
+        _reset(llm, hidden_size)
+    feedback = None
+    if flags and "arrol" in flags:
+        feedback = ArrolFeedback(flags["arrol"], cold_start_steps=args.arrol_cold,
+                                 hidden_size=hidden_size, seed=seed)
+    rollout = RolloutFunc(llm, flags, max_tokens=args.max_tokens, seed=seed,
+                          problem_id=lambda p: p, arrol_feedback=feedback,
+                          reward=reward if feedback is not None else None)
+    cost = load_cost(args.cost)
+    trace = engine_trace(llm)
+    held = _heldout(args)
+    pool = train_prompts(args.pool)
+    order = []
+    rng = random.Random(seed)
+    while len(order) < args.steps * args.prompts:
+        epoch = list(pool)
+        rng.shuffle(epoch)
+        order += epoch
+    dataset = Dataset.from_dict({"prompt": order[:args.steps * args.prompts]})
+    steps: list[dict] = []
+    state = {"mark": trace.mark()}
+
+    class Record(TrainerCallback):
+        def on_step_end(self, a, st, control, **kw):
+            last = rollout.last
+            marks = [m for group in last.marks for m in group]
+            rows = [(p, i, t) for p, infos, texts in zip(last.prompts, last.infos, last.texts)
+                    for i, t in zip(infos, texts)]
+            kept = [reward(p, t) for (p, _, t), m in zip(rows, marks) if m.keep]
+            proj = trace.since(state["mark"]).project(cost)
+            row = {"step": st.global_step, "train_reward": statistics.fmean(kept) if kept else 0.0,
+                   "h100_s": proj.total_ms / 1000, "engine_steps": len(trace.since(state["mark"])),
+                   "tokens": last.generated_tokens, "samples": len(rows),
+                   "redundant": sum(last.redundant), "rollout_cpu_s": last.wall_s,
+                   "length": last.generated_tokens / max(len(rows), 1),
+                   "ended": {r.value: sum(i.reason is r for _, i, _ in rows) for r in Reason
+                             if any(i.reason is r for _, i, _ in rows)},
+                   **{f"diag_{k}": v for k, v in trainer.diagnostics.items()}}
+            if feedback is not None:
+                row.update({k.replace("/", "_"): v for k, v in feedback.metrics.items()})
+            if st.global_step % args.eval_every == 0 or st.global_step == args.steps:
+                rollout.load(trainer)                 # this step's weights, then evaluate
+                row["heldout"] = _accuracy(llm, held, args)
+            steps.append(row)
+            state["mark"] = trace.mark()
+            if progress is not None:
+                progress(name, seed, row)
+
+    torch.manual_seed(seed)
+    config = GRPOConfig(
+        output_dir=str(Path(args.out) / "train_ckpt"), max_steps=args.steps,
+        per_device_train_batch_size=args.prompts * args.m, num_generations=args.m,
+        gradient_accumulation_steps=1, learning_rate=args.lr, beta=0.0,
+        max_completion_length=args.max_tokens, logging_steps=1, report_to=[],
+        save_strategy="no", seed=seed, use_cpu=True, bf16=False, disable_tqdm=True,
+        shuffle_dataset=False)
+    trainer = RLGRPOTrainer(model=model, reward_funcs=[masked_reward(_task_reward)],
+                            args=config, train_dataset=dataset,
+                            processing_class=AutoTokenizer.from_pretrained(MODEL_PATH),
+                            rollout_func=rollout, callbacks=[Record()])
+    trainer.remove_callback(PrinterCallback)
+    t0 = time.perf_counter()
+    start = _accuracy(llm, held, args)
+    state["mark"] = trace.mark()                  # evaluations are not rollout time
+    trainer.train()
+    return {"config": name, "seed": seed, "flags": flags, "heldout_start": start,
+            "steps": steps, "wall_s": time.perf_counter() - t0}
+
+
+def _task_reward(prompts, completions, **_):
+    from vllm_rl.task import reward
+
+    return [reward(p, c) for p, c in zip(prompts, completions)]
+
+
+def _worker(jobs, args_dict, queue) -> None:
+    """A worker process: one CPU thread, its own engines, jobs in order."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    args = argparse.Namespace(**args_dict)
+    from vllm_rl.bench.logs import vllm_log_to
+
+    vllm_log_to(Path(args.out) / "vllm.log", announce=False)
+    _quiet()
+    import torch
+
+    torch.set_num_threads(1)
+    engines: dict = {}
+    for name, seed in jobs:
+        try:
+            _engines(args, engines)
+            result = run_one(name, seed, args, engines,
+                             progress=lambda n, s, row: queue.put(("step", n, s, row)))
+            queue.put(("done", name, seed, result))
+        except Exception as e:          # report, keep the other jobs going
+            import traceback
+
+            queue.put(("error", name, seed, traceback.format_exc()))
+    queue.put(("exit", None, None, None))
+
+
+def _quiet() -> None:
+    import logging
+    import warnings
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("trl").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+# Student t, 0.975 quantile, by degrees of freedom (the 95% two-sided interval)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t975(df: int) -> float:
+    return T975.get(df) or T975[max(k for k in T975 if k <= df)] if df < 30 else 1.96
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% Student-t interval over seeds (half-width 0 with one seed)."""
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return m, m, m
+    half = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return m, m - half, m + half
+
+
+def curve(run: dict) -> list[tuple[int, float, float]]:
+    """(step, cumulative projected seconds, held-out accuracy), step 0 first."""
+    out, total = [(0, 0.0, run["heldout_start"])], 0.0
+    for row in run["steps"]:
+        total += row["h100_s"]
+        if "heldout" in row:
+            out.append((row["step"], total, row["heldout"]))
+    return out
+
+
+def time_to(points: list[tuple[float, float]], target: float) -> float | None:
+    """The first time a piecewise-linear (time, accuracy) curve reaches ``target``."""
+    for (t0, a0), (t1, a1) in zip(points, points[1:]):
+        if a0 >= target:
+            return t0
+        if a1 >= target:
+            return t0 + (t1 - t0) * (target - a0) / (a1 - a0)
+    return points[-1][0] if points and points[-1][1] >= target else None
+
+
+def summarize(runs: list[dict]) -> dict:
+    by: dict[str, list[dict]] = {}
+    for r in runs:
+        by.setdefault(r["config"], []).append(r)
+    out: dict = {}
+    stock_final = None
+    if "stock" in by:
+        stock_final = t_interval([curve(r)[-1][2] for r in by["stock"]])
+    for name in [c for c in CONFIGS if c in by]:
+        rs = by[name]
+        curves = [curve(r) for r in rs]
+        final = t_interval([c[-1][2] for c in curves])
+        n_pts = min(len(c) for c in curves)
+        mean_pts = [(statistics.fmean(c[k][1] for c in curves),
+                     statistics.fmean(c[k][2] for c in curves)) for k in range(n_pts)]
+        total = statistics.fmean(sum(s["h100_s"] for s in r["steps"]) for r in rs)
+        diag = {}
+        for key in ("diag_loss_samples_mean", "diag_zero_adv_groups", "diag_ess_fraction",
+                    "diag_eps_weight_share"):
+            vals = [s[key] for r in rs for s in r["steps"] if key in s]
+            if vals:
+                diag[key[5:]] = statistics.fmean(vals)
+        row = {"seeds": len(rs), "final": final[0], "final_lo": final[1], "final_hi": final[2],
+               "start": statistics.fmean(r["heldout_start"] for r in rs),
+               "h100_total_s": total,
+               "tokens": statistics.fmean(sum(s["tokens"] for s in r["steps"]) for r in rs),
+               "engine_steps": statistics.fmean(sum(s["engine_steps"] for s in r["steps"])
+                                                for r in rs),
+               "train_reward_last5": statistics.fmean(
+                   statistics.fmean(s["train_reward"] for s in r["steps"][-5:]) for r in rs),
+               "length_last5": statistics.fmean(
+                   statistics.fmean(s["length"] for s in r["steps"][-5:]) for r in rs),
+               "curve": mean_pts, **diag}
+        if stock_final is not None:
+            row["target"] = stock_final[1]            # the lower end of stock's final CI
+            row["time_to_target_s"] = time_to(mean_pts, stock_final[1])
+        out[name] = row
+    if "stock" in out:
+        base = out["stock"]["h100_total_s"]
+        for row in out.values():
+            row["h100_vs_stock"] = base / row["h100_total_s"] if row["h100_total_s"] else None
+            t = row.get("time_to_target_s")
+            row["time_to_target_frac"] = t / base if t is not None and base else None
+    return out
+
+
+def table(summary: dict) -> str:
+    head = ("config", "seeds", "held-out start", "final (95% CI)", "time to stock's final, "
+            "proj. s (× stock total)", "total proj. s (× stock)", "tokens", "train reward "
+            "(last 5)", "loss samples / group", "zero-adv groups", "ESS / n", "1/ε share")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in summary.items():
+        tt = r.get("time_to_target_s")
+        tts = "not reached" if tt is None else f"{tt:.1f} ({r['time_to_target_frac']:.2f})"
+        lines.append(
+            f"| {name} | {r['seeds']} | {r['start']:.3f} | {r['final']:.3f} "
+            f"({r['final_lo']:.3f}–{r['final_hi']:.3f}) | {tts} | {r['h100_total_s']:.1f} "
+            f"({r.get('h100_vs_stock') or 0:.2f}×) | {r['tokens']:,.0f} | "
+            f"{r['train_reward_last5']:.3f} | {r.get('loss_samples_mean', 0):.1f} | "
+            f"{r.get('zero_adv_groups', 0):.2f} | {r.get('ess_fraction', 0):.2f} | "
+            f"{r.get('eps_weight_share', 0):.3f} |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5.5))
+    for name in summary:
+        rs = [r for r in runs if r["config"] == name]
+        curves = [curve(r) for r in rs]
+        n = min(len(c) for c in curves)
+        t = [statistics.fmean(c[k][1] for c in curves) for k in range(n)]
+        steps = [curves[0][k][0] for k in range(n)]
+        acc = [[c[k][2] for c in curves] for k in range(n)]
+        mean = [statistics.fmean(a) for a in acc]
+        lo = [min(a) for a in acc]
+        hi = [max(a) for a in acc]
+        style = dict(color=COLORS.get(name), lw=2.4 if name in ("stock", "all") else 1.4,
+                     ls="--" if name == "stock" else "-")
+        ax.plot(t, mean, marker="o", ms=4, label=name, **style)
+        ax.fill_between(t, lo, hi, color=COLORS.get(name), alpha=0.12)
+        bx.plot(steps, mean, marker="o", ms=4, label=name, **style)
+        bx.fill_between(steps, lo, hi, color=COLORS.get(name), alpha=0.12)
+    if "stock" in summary:
+        s = summary["stock"]
+        for a in (ax, bx):
+            a.axhspan(s["final_lo"], s["final_hi"], color="grey", alpha=0.15,
+                      label="stock final, 95% CI")
+    ax.set_xlabel(f"cumulative rollout time, projected on {args.cost} (s)")
+    bx.set_xlabel("GRPO step")
+    for a in (ax, bx):
+        a.set_ylabel(f"held-out accuracy ({args.eval_prompts} prompts × {args.eval_samples}, T = 1)")
+        a.grid(alpha=0.3)
+    ax.legend(fontsize=9, loc="lower right")
+    seeds = max(s["seeds"] for s in summary.values())
+    fig.suptitle(f"Time to accuracy: GRPO (TRL) on the embedded model through the engine; "
+                 f"mean of {seeds} seed(s), band = min–max over seeds", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.configs, args.seeds, args.steps, args.eval_every = "stock,all", 1, 2, 1
+        args.eval_prompts, args.eval_samples, args.workers, args.prompts = 8, 2, 1, 2
+        args.m, args.pool, args.arrol_cold = 4, 8, 1
+    names = ["stock"] + [c for c in args.configs.split(",") if c and c != "stock"]
+    unknown = set(names) - set(CONFIGS)
+    if unknown:
+        ap.error(f"unknown configuration(s) {sorted(unknown)}; choose from {list(CONFIGS)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(n, s) for s in range(args.seeds) for n in names]
+    workers = max(1, min(args.workers, len(jobs)))
+    shares = [jobs[i::workers] for i in range(workers)]
+    print(f"{len(jobs)} runs ({', '.join(names)} × {args.seeds} seed(s), {args.steps} steps) "
+          f"on {workers} worker(s); vLLM's log: {out / 'vllm.log'}")
+    import multiprocessing as mp
+
+    from tqdm import tqdm
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(share, vars(args), queue)) for share in shares]
+    for p in procs:
+        p.start()
+    bar = tqdm(total=len(jobs) * args.steps, unit="step", desc="GRPO steps")
+    runs, errors, alive = [], [], len(procs)
+    t0 = time.perf_counter()
+    while alive:
+        kind, name, seed, payload = queue.get()
+        if kind == "step":
+            bar.update(1)
+            msg = f"{name}/s{seed} step {payload['step']}"
+            if "heldout" in payload:
+                msg += f" acc {payload['heldout']:.3f}"
+            bar.set_postfix_str(msg)
+        elif kind == "done":
+            runs.append(payload)
+        elif kind == "error":
+            errors.append((name, seed, payload))
+            bar.write(f"run {name}/seed {seed} failed:\n{payload}")
+        else:
+            alive -= 1
+    for p in procs:
+        p.join()
+    bar.close()
+    summary = summarize(runs)
+    doc = {"args": vars(args), "summary": summary, "runs": runs,
+           "wall_s": time.perf_counter() - t0, "errors": [e[:2] for e in errors]}
+    (out / "train.json").write_text(json.dumps(doc, indent=1))
+    if summary:
+        plot(runs, summary, out / "train.png", args)
+        print(table(summary))
+    print(f"\n{len(runs)} runs in {doc['wall_s'] / 60:.1f} min; JSON {out / 'train.json'}, "
+          f"PNG {out / 'train.png'}")
+    if errors:
+        sys.exit(f"{len(errors)} run(s) failed: {[e[:2] for e in errors]}")
+
+
+if __name__ == "__main__":
+    main()

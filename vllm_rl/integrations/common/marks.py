@@ -1,0 +1,113 @@
+"""From records to each sample's place in the loss: :func:`training_marks`.
+
+A sample's record (:class:`~vllm_rl.outcome.RolloutInfo`) and the flags it ran with say
+what each paper's estimator needs.  Per sample a :class:`TrainingMark` says whether it is
+**in the loss** (``keep``), with which **weight** (multiplied into its advantage: the
+clipped PPO surrogate is positively homogeneous in the advantage), and whether its reward
+counts in its group's **baseline** (the mean, and std, that group-relative advantages
+subtract and divide by).  The rules, by technique and under the composition rule
+(``docs/ARCHITECTURE.md``):
+
+* **no flags** (stock): in the loss and the baseline, weight 1;
+* **DARTS** (Alg. 2, Sec. 4.1.2): the group is annotated whole
+  (:func:`vllm_rl.outcome.annotate_group`): early stop selects the M shortest valid,
+  dual-end the K shortest and L longest valid; the selected M are the training group, in
+  the loss and the baseline (Eq. 3 is the mean over the selected), the rest in neither.
+  Inside a DARTS group DUET's gate is DARTS's length cap (no eps-keep), so an aborted
+  sample is an unselected one;
+* **DUET** without DARTS (Alg. A.10 l.35-42): every rollout of the prompt enters the
+  group baseline, aborted ones with the verifier's reward of their partial text (l.38:
+  "baseline includes aborted rewards"); an aborted rollout's advantage is zeroed and it
+  leaves the loss (l.39-40); one kept at the gate by its coin has weight 1/eps (Eq. 6);
+* **ARRoL** (Alg. 1 l.6): a pruned rollout is filtered out before rewards and
+  advantages: in neither;
+* a sample aborted by the client or the framework (reason ``abort``, or flags and no
+  record: aborted before its first token): in neither.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from vllm_rl.flags import normalize, parse
+from vllm_rl.outcome import Reason, RolloutInfo, annotate_group
+
+
+@dataclass(frozen=True)
+class TrainingMark:
+    """A sample's place in the loss: ``keep`` (in the loss), ``weight`` (its advantage
+    multiplier; 0 when not kept), ``baseline`` (its reward counts in the group baseline)
+    and its annotated record (None for a sample without flags, or aborted unstarted)."""
+
+    keep: bool
+    weight: float
+    baseline: bool
+    info: RolloutInfo | None = None
+    eps_kept: bool = False            # DUET: kept at the gate by its coin (weight 1/eps)
+
+    @property
+    def reason(self) -> str:
+        if self.info is not None:
+            return self.info.reason.value
+        return "stock" if self.keep else Reason.ABORT.value
+
+
+def _flags(raw: Any) -> dict | None:
+    return json.loads(raw) if isinstance(raw, str) else raw
+
+
+def training_marks(infos: Sequence[RolloutInfo | None],
+                   flags: Sequence[Mapping[str, Any] | str | None]) -> list[TrainingMark]:
+    """One :class:`TrainingMark` per sample (module docstring).  ``infos[i]`` is sample
+    i's record (None: none came back), ``flags[i]`` the ``vllm_rl`` flags it ran with
+    (a dict or its JSON; None: no flags).  DARTS groups are annotated whole, by the
+    record's group id."""
+    flags = [_flags(f) for f in flags]
+    infos = list(infos)
+    groups: dict[str, list[int]] = {}
+    for i, (info, f) in enumerate(zip(infos, flags)):
+        if info is not None and f and f.get("darts") is not None and info.group_id:
+            groups.setdefault(info.group_id, []).append(i)
+    in_darts = set()
+    for gid, members in groups.items():
+        raw = dict(flags[members[0]])
+        raw["group"] = {**(raw.get("group") or {}), "id": gid}
+        typed = parse(normalize(raw, n=1))
+        early = typed.darts.early_stop(typed.group)
+        marked = annotate_group([infos[i] for i in members], typed.group.size,
+                                typed.darts.k, early)
+        for i, info in zip(members, marked):
+            infos[i] = info
+            in_darts.add(i)
+    marks = []
+    for i, (info, f) in enumerate(zip(infos, flags)):
+        if info is None:         # no flags: stock; flags but no record: aborted unstarted
+            marks.append(TrainingMark(keep=not f, weight=0.0 if f else 1.0, baseline=not f))
+            continue
+        reason = info.reason
+        if reason is Reason.ABORT:
+            marks.append(TrainingMark(False, 0.0, False, replace(info, weight=0.0)))
+            continue
+        weight = float(info.weight)
+        eps_kept = info.keep_prob is not None and info.keep_prob < 1.0 and weight > 0
+        if i in in_darts:
+            baseline = bool(info.selected)
+        else:
+            baseline = reason not in (Reason.ARROL_PRUNED, Reason.DARTS_CANCELLED)
+        marks.append(TrainingMark(keep=weight > 0, weight=weight, baseline=baseline,
+                                  info=info, eps_kept=eps_kept))
+    return marks
+
+
+def mark_metrics(marks: Sequence[TrainingMark], prefix: str = "vllm_rl/") -> dict[str, float]:
+    """Step metrics: samples by reason, kept, dropped, and the kept samples' mean weight."""
+    n = max(len(marks), 1)
+    kept = [m for m in marks if m.keep]
+    out = {f"{prefix}ended/{reason}": count / n
+           for reason, count in Counter(m.reason for m in marks).items()}
+    out[f"{prefix}kept_fraction"] = len(kept) / n
+    out[f"{prefix}dropped"] = float(len(marks) - len(kept))
+    out[f"{prefix}mean_weight"] = sum(m.weight for m in kept) / max(len(kept), 1)
+    return out
