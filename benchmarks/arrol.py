@@ -12,7 +12,10 @@
    (cross-entropy, ``control.arrol.HeadTrainer``) and scored on the held-out ones:
    Spearman correlation and AUC against correctness, beside the trace-confidence
    baseline (mean token negative log-probability up to ``l_detect``, sign flipped so that
-   higher means more confident).  ``l_detect`` is the shortest candidate whose held-out
+   higher means more confident).  Beyond the paper, the same training samples fit two
+   more heads on the trace features the engine returns at ``l_detect`` (mean and minimum
+   token log-probability, mean entropy): ``trace`` (features only) and ``both`` (hidden
+   state and features): their held-out AUC is ``trace_head_auc`` / ``both_head_auc``.  ``l_detect`` is the shortest candidate whose held-out
    AUC is within 0.02 of the best one: the paper's rule (Fig. 2d: detection early,
    where the signal has plateaued) on this model's lengths.
 2. **One rollout step.**  The trained head and a calibration from the training
@@ -57,7 +60,7 @@ def collect(llm, prompts, n, max_tokens, l_detect, seed):
                                  arrol={"l_detect": l_detect, "return_hidden": True}))
               for i in range(len(prompts))]
     outs = llm.generate(prompts, params, use_tqdm=False)
-    hidden, labels, conf = [], [], []
+    hidden, labels, conf, trace = [], [], [], []
     for prompt, out in zip(prompts, outs):
         for c in out.outputs:
             info = c.rollout_info
@@ -67,8 +70,10 @@ def collect(llm, prompts, n, max_tokens, l_detect, seed):
             labels.append(reward(prompt, c.text))
             lps = [next(iter(d.values())).logprob for d in c.logprobs[:l_detect]]
             conf.append(-float(np.mean([-x for x in lps])))
+            trace.append(info.trace)
     return (np.stack(hidden) if hidden else np.zeros((0, 1), "float32"),
-            np.asarray(labels, "float32"), np.asarray(conf, "float64"))
+            np.asarray(labels, "float32"), np.asarray(conf, "float64"),
+            np.asarray(trace, "float32").reshape(-1, 3))
 
 
 def head_quality(llm, args, train, heldout, hidden_size, l_detect):
@@ -76,20 +81,28 @@ def head_quality(llm, args, train, heldout, hidden_size, l_detect):
 
     from vllm_rl.control import arrol as ctl
 
-    xs, ys, _ = collect(llm, train, args.n, args.max_tokens, l_detect, args.seed)
-    xh, yh, ch = collect(llm, heldout, args.n, args.max_tokens, l_detect, args.seed + 10_000)
-    torch.manual_seed(args.seed)
-    head = ctl.QualityHead(hidden_size)
-    trainer = ctl.HeadTrainer(head, lr=args.lr)
-    trainer.fit(torch.from_numpy(xs), torch.from_numpy(ys), epochs=args.epochs,
-                batch_size=256)
-    s_train = head.score(torch.from_numpy(xs)).numpy()
-    s_held = head.score(torch.from_numpy(xh)).numpy()
+    xs, ys, _, fs = collect(llm, train, args.n, args.max_tokens, l_detect, args.seed)
+    xh, yh, ch, fh = collect(llm, heldout, args.n, args.max_tokens, l_detect,
+                             args.seed + 10_000)
+    heads, aucs = {}, {}
+    for inputs in ("hidden", "trace", "both"):
+        torch.manual_seed(args.seed)
+        head = ctl.QualityHead(hidden_size, inputs=inputs)
+        feats = (torch.from_numpy(fs), torch.from_numpy(fh)) if inputs != "hidden" else (None, None)
+        ctl.HeadTrainer(head, lr=args.lr, weight_decay=args.weight_decay).fit(
+            torch.from_numpy(xs), torch.from_numpy(ys), epochs=args.epochs, batch_size=256,
+            features=feats[0])
+        s_held = head.score(torch.from_numpy(xh), feats[1]).numpy()
+        heads[inputs] = (head, head.score(torch.from_numpy(xs), feats[0]).numpy())
+        aucs[inputs] = (ctl.spearman(s_held, yh), ctl.auc(s_held, yh))
+    head, s_train = heads[args.head_inputs]
     return {
         "l_detect": l_detect, "train_scored": int(len(ys)), "heldout_scored": int(len(yh)),
         "heldout_positive": float(yh.mean()) if len(yh) else 0.0,
-        "head_spearman": ctl.spearman(s_held, yh), "head_auc": ctl.auc(s_held, yh),
+        "head_spearman": aucs["hidden"][0], "head_auc": aucs["hidden"][1],
+        "trace_head_auc": aucs["trace"][1], "both_head_auc": aucs["both"][1],
         "conf_spearman": ctl.spearman(ch, yh), "conf_auc": ctl.auc(ch, yh),
+        "chosen_auc": aucs[args.head_inputs][1],
     }, head, (s_train, ys)
 
 
@@ -157,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rho", type=float, default=0.5)
     ap.add_argument("--epochs", type=int, default=60)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--weight-decay", type=float, default=1e-2)
+    ap.add_argument("--head-inputs", default="both", choices=("hidden", "trace", "both"),
+                    help="the head the rollout step uses (default both)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
     args = ap.parse_args(argv)
@@ -187,13 +203,14 @@ def main(argv: list[str] | None = None) -> None:
         row, head, buf = head_quality(llm, args, train, heldout, hidden_size, l_detect)
         rows.append(row)
         heads[l_detect] = (head, buf)
-    best = max(r["head_auc"] for r in rows)
-    chosen = min(r["l_detect"] for r in rows if r["head_auc"] >= best - 0.02)
+    best = max(r["chosen_auc"] for r in rows)
+    chosen = min(r["l_detect"] for r in rows if r["chosen_auc"] >= best - 0.02)
     print(f"\nmodel {model}; head trained on {args.train_prompts} training prompts x "
           f"{args.n}, evaluated on {args.heldout} held-out prompts x {args.n}; samples "
           "scored only if they run past l_detect")
     _table(rows, ["l_detect", "train_scored", "heldout_scored", "heldout_positive",
-                  "head_spearman", "head_auc", "conf_spearman", "conf_auc"])
+                  "head_spearman", "head_auc", "trace_head_auc", "both_head_auc",
+                  "conf_spearman", "conf_auc"])
     print(f"l_detect = {chosen}: the shortest within 0.02 AUC of the best ({best:.3f})")
 
     head, (s_train, y_train) = heads[chosen]
@@ -245,7 +262,9 @@ def _plot(rows, chosen, step, rho, path):
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     ls = [r["l_detect"] for r in rows]
-    a1.plot(ls, [r["head_auc"] for r in rows], "o-", label="quality head AUC")
+    a1.plot(ls, [r["head_auc"] for r in rows], "o-", label="head AUC (hidden state)")
+    a1.plot(ls, [r["trace_head_auc"] for r in rows], "^-", label="head AUC (trace features)")
+    a1.plot(ls, [r["both_head_auc"] for r in rows], "v-", label="head AUC (both)")
     a1.plot(ls, [r["head_spearman"] for r in rows], "o--", label="quality head Spearman")
     a1.plot(ls, [r["conf_auc"] for r in rows], "s-", label="trace confidence AUC")
     a1.plot(ls, [r["conf_spearman"] for r in rows], "s--", label="trace confidence Spearman")

@@ -187,3 +187,58 @@ def test_server_mode_client_keeps_the_records():
     for info, ids in zip(out["records"], out["completion_ids"]):
         assert info.length == len(ids)
     assert any(i.reason is Reason.DARTS_CANCELLED for i in out["records"])
+
+
+def test_duet_baseline_includes_aborted_samples_in_trl(das_llm):
+    """DUET alone through TRL: an aborted sample's reward is in its group's mean and std
+    (Alg. A.10 l.38), its advantage is 0 and it is masked (l.39-40), an eps-kept one's
+    advantage carries 1/eps: TRL's advantages equal the shared group_advantages."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from vllm_rl.integrations.common.advantages import group_advantages
+    from vllm_rl.integrations.trl.rollout import RolloutFunc, masked_reward
+    from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
+    from vllm_rl.task import MODEL_PATH, reward, train_prompts
+
+    m = 4
+    flags = {"duet": {"pattern": MARKER, "k1": 16, "k2": 24, "grace": 8, "eps": 0.5}}
+    seen = []
+
+    class Capture(RLGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            seen.append((out["advantages"].clone(), list(rollout.last_marks),
+                         list(rollout.last_texts),
+                         [p for p in rollout.last.prompts for _ in range(m)]))
+            return out
+
+    rollout = RolloutFunc(das_llm, flags, max_tokens=96, seed=5)
+
+    def task_reward(prompts, completions, **_):
+        return [reward(p, c) for p, c in zip(prompts, completions)]
+
+    config = GRPOConfig(output_dir="/tmp/vllm-rl-trl-duet", max_steps=1,
+                        per_device_train_batch_size=4 * m, num_generations=m,
+                        learning_rate=1e-4, beta=0.0, max_completion_length=96, report_to=[],
+                        save_strategy="no", use_cpu=True, bf16=False, logging_steps=1,
+                        disable_tqdm=True, shuffle_dataset=False)
+    trainer = Capture(model=AutoModelForCausalLM.from_pretrained(MODEL_PATH),
+                      reward_funcs=[masked_reward(task_reward)], args=config,
+                      train_dataset=Dataset.from_dict({"prompt": train_prompts(12)[8:12]}),
+                      processing_class=AutoTokenizer.from_pretrained(MODEL_PATH),
+                      rollout_func=rollout)
+    try:
+        trainer.train()
+    finally:
+        das_llm.load_weights(_initial_state())
+    advantages, marks, texts, prompts = seen[0]
+    assert all(mk.baseline for mk in marks)                        # DUET: every rollout
+    rewards = [reward(p, t) for p, t in zip(prompts, texts)]
+    groups = [i // m for i in range(len(marks))]
+    expected = group_advantages(rewards, marks, groups)
+    assert advantages.tolist() == pytest.approx(expected, abs=1e-4)
+    assert any(not mk.keep for mk in marks), "some samples were aborted"
+    assert all(a == 0.0 for a, mk in zip(advantages.tolist(), marks) if not mk.keep)
+    assert trainer.diagnostics["loss_samples"] == sum(mk.keep for mk in marks)

@@ -6,6 +6,12 @@ and the ARRoL head, embedded model) runs in a local Ray cluster on the CPU.  ver
 flags reach the engine the way they do in training, and the records come back in
 ``extra_fields``.  GPU placement groups and weight sync do not run on the CPU: the server
 is created as a standalone actor on no GPU (the one fake here: ``workers=[]``).
+
+The trainer mode runs verl's own ``PPOTrainer.step`` on a real TransferQueue (one
+storage unit: TransferQueue's controller and each storage unit are ``num_cpus=1`` Ray
+actors, so verl's default of 8 units never schedules on this 2-CPU cluster), filled by
+verl's ``AgentLoopWorkerTQ`` from the same server; only what verl builds on GPUs in
+``PPOTrainer.init`` is stood in for (test docstring).
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import pytest
 
 from vllm_rl import Reason, RolloutInfo
 from vllm_rl.compat import vllm_version_shim
+from vllm_rl.integrations.verl.policy import StaticPolicy
 
 vllm_version_shim()
 
@@ -63,7 +70,7 @@ def verl_config(*extra: str):
             f"+actor_rollout_ref.rollout.engine_kwargs.vllm_rl.flags.group.size={M}",
             "+actor_rollout_ref.rollout.engine_kwargs.vllm_rl.flags.duet.pattern='\\\\boxed\\{[^}]*\\}'",
             "+actor_rollout_ref.rollout.engine_kwargs.vllm_rl.flags.duet.k1=8",
-            "+actor_rollout_ref.rollout.engine_kwargs.vllm_rl.flags.duet.k2=16",
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm_rl.flags.duet.k2=48",
             "+actor_rollout_ref.rollout.engine_kwargs.vllm_rl.flags.duet.grace=8",
             "+actor_rollout_ref.rollout.engine_kwargs.vllm_rl.flags.duet.eps=0.5",
             *extra,
@@ -297,7 +304,7 @@ def test_pause_and_resume_keep_rl_state_consistent(verl_cluster, rollout_batch):
                                     list(range(8)))
         while await server.num_unfinished_requests.remote() < 8 * N // 2:
             await asyncio.sleep(0.05)
-        await asyncio.sleep(1.0)        # let some samples produce tokens first
+        await asyncio.sleep(0.2)        # let some samples produce tokens first
         aborted = await server.abort_all_requests.remote()
         await server.resume_generation.remote()
         return aborted, await task
@@ -387,6 +394,221 @@ def test_dropped_samples_leave_the_grpo_baseline_and_weights_scale_advantages():
     assert rows[0].tolist() == [1.0, 1.0] and rows[1].tolist() == [4.0] * 5
 
 
+P = 4          # prompts in the trainer-mode step: problem 0 under DARTS, 1-3 under DUET
+
+
+class MixedPolicy(StaticPolicy):
+    """DARTS alone on problem 0 (samples cancelled or left unselected), DUET alone on the
+    others with its gate at 12 tokens, before any answer marker (so every sample flips
+    the ε-coin: aborted, or kept with weight 1/ε): one step holds every way a sample
+    leaves the batch or the loss, or is weighted."""
+
+    def flags(self, sample):
+        out = super().flags(sample)
+        if out is not None:
+            out.pop("arrol", None)
+            out.pop("duet" if sample.problem_id.endswith(":0") else "darts")
+            if "duet" in out:
+                out["duet"].update(k1=4, k2=8, grace=4)
+        return out
+
+
+class LocalAgentLoops:
+    """verl's ``AgentLoopWorkerTQ`` (the Ray actor class unwrapped) in this process, as
+    ``AgentLoopManagerTQ`` would drive it: samples go into TransferQueue as they finish."""
+
+    def __init__(self, config, router):
+        from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+        from verl.workers.rollout.llm_server import LLMServerClient
+
+        worker_cls = AgentLoopWorkerTQ.__ray_metadata__.modified_class
+        self.worker = worker_cls(config, LLMServerClient(config, router))
+
+    def generate_sequences(self, prompts) -> None:
+        async def run():
+            await self.worker.generate_sequences(prompts)
+            await asyncio.gather(*list(self.worker.background_tasks))
+
+        asyncio.run(run())
+
+
+class TaskReward:
+    """The reward model's place in verl's colocated reward path: the task's verifier on
+    each decoded response, at its last token (as verl's reward loop writes it)."""
+
+    reward_loop_worker_handles = None
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def compute_rm_score(self, data):
+        import torch
+        from verl import DataProto
+
+        from vllm_rl.task import reward
+
+        width = data.batch["responses"].size(1)
+        mask = data.batch["attention_mask"][:, -width:]
+        scores = torch.zeros(mask.shape, dtype=torch.float32)
+        prompts = [messages[0]["content"] for messages in data.non_tensor_batch["raw_prompt"]]
+        for i, n in enumerate(mask.sum(-1).tolist()):
+            if n:
+                text = self.tokenizer.decode(data.batch["responses"][i, :n].tolist())
+                scores[i, n - 1] = reward(prompts[i], text)
+        return DataProto.from_dict(tensors={"rm_scores": scores})
+
+
+@pytest.fixture
+def transfer_queue(verl_cluster):
+    """TransferQueue on the test's Ray cluster, initialised from verl's own config section
+    as ``main_ppo`` does, with one storage unit (module docstring)."""
+    import transfer_queue as tq
+
+    config = verl_config("transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
+    tq.init(config.transfer_queue)
+    yield tq
+    tq.close()
+
+
+def test_trainer_mode_runs_verls_step_on_transfer_queue(verl_cluster, transfer_queue, monkeypatch):
+    """``vllm_rl_sync`` through verl's own ``PPOTrainer.step`` on a real TransferQueue:
+    verl's ``AgentLoopWorkerTQ`` puts P×N real samples (records in ``extra_fields``),
+    verl's ``ReplayBuffer`` samples them, verl's colocated reward path scores them, then
+    ``RLTrainerSync._apply_records`` clears the samples outside their group's baseline
+    (DARTS's unselected) from TransferQueue and hands verl's ``_balance_batch`` exactly
+    the others, verl's bypass-mode log-prob step and GRPO ``_compute_advantage`` run on
+    them, and the advantages come out ×1/ε for DUET's ε-kept samples, ×0 for its aborted.
+
+    Stood in for, as ``PPOTrainer.init`` builds them on GPUs: the actor worker group (only
+    its data-parallel layout is read: 2 ranks), the checkpoint manager (``sleep_replicas``,
+    a no-op: no GPU memory to free), the reward loop manager (``compute_rm_score`` with the
+    task's verifier), the dataloader (one batch of the task's prompts), and the agent loop
+    manager (verl's worker class in this process instead of a Ray actor).  No actor update
+    (``critic_warmup``): that is the GPU actor's.  ARRoL's head training is off
+    (``vllm_rl.arrol=false`` in the trainer's settings; the ARRoL feedback test covers it).
+    """
+    import json
+
+    import torch
+    from omegaconf import open_dict
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from vllm_rl.integrations.verl import FLAGS_KEY
+    from vllm_rl.integrations.verl.loss import training_marks
+    from vllm_rl.integrations.verl.trainer import RLTrainerSync
+    from vllm_rl.task import heldout_prompts
+
+    tq = transfer_queue
+    _, _, router = verl_cluster
+    config = verl_config("trainer.v1.trainer_mode=vllm_rl_sync",
+                         "algorithm.adv_estimator=grpo",
+                         "algorithm.rollout_correction.bypass_mode=true",  # old = rollout log-probs
+                         f"data.train_batch_size={P}",
+                         "trainer.critic_warmup=1000")                      # no actor update
+    with open_dict(config):
+        settings = config.actor_rollout_ref.rollout.engine_kwargs.vllm_rl
+        settings.arrol = False
+        settings.policy = f"{MixedPolicy.__module__}.MixedPolicy"
+
+    trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config)
+    assert type(trainer) is RLTrainerSync
+    assert trainer.trainer_mode == "sync" and type(trainer.replay_buffer) is ReplayBuffer
+    trainer._init_tokenizer()
+    trainer.global_steps = 1
+    trainer.curr_step_profile = False
+    trainer.train_dataloader_it = iter([{
+        "raw_prompt": np.array([[{"role": "user", "content": p}] for p in heldout_prompts(P)],
+                               dtype=object),
+        "index": np.array(list(range(P)), dtype=object),
+        "data_source": np.array(["arith"] * P, dtype=object)}])
+    trainer.agent_loop_manager = LocalAgentLoops(config, router)
+    trainer.reward_loop_manager = TaskReward(trainer.tokenizer)
+    trainer.checkpoint_manager = type("NoGPU", (), {"sleep_replicas": lambda self: None})()
+    trainer.actor_rollout_wg = type("DataParallel", (), {"_dispatch_info": {"actor": [0, 1]}})()
+
+    seen: dict = {}
+
+    def spy(name, fn):                # verl's own method, the keys it got and its output
+        def wrapped(self, batch, *args, **kwargs):
+            seen[name + ".in"] = list(batch.keys)
+            seen[name] = fn(self, batch, *args, **kwargs)
+            return seen[name]
+        return wrapped
+
+    def sample(*args, **kwargs):      # verl's sampling, then the records while all are there
+        out = sampled_by_verl(*args, **kwargs)
+        seen["sample"] = out[0]
+        seen["records"] = list(tq.kv_batch_get(keys=out[0].keys, partition_id="train",
+                                               select_fields=["extra_fields"])["extra_fields"])
+        return out
+
+    sampled_by_verl = trainer.replay_buffer.sample
+    monkeypatch.setattr(trainer.replay_buffer, "sample", sample)
+    for name in ("_balance_batch", "_compute_advantage"):
+        monkeypatch.setattr(PPOTrainer, name, spy(name, getattr(PPOTrainer, name)))
+    metrics: dict = {}
+    batch = trainer.step(metrics, {})
+
+    sampled = seen["sample"]
+    assert len(sampled) == P * N
+    marks = training_marks(seen["records"])
+    stay = [k for k, m in zip(sampled.keys, marks) if m.baseline]
+    leave = [k for k, m in zip(sampled.keys, marks) if not m.baseline]
+
+    # the records: DARTS's group trains on exactly its selected M, the rest leave the batch;
+    # DUET's aborted stay for the baseline with weight 0, its ε-kept weigh 1/ε = 2
+    darts = [m for m, r in zip(marks, seen["records"]) if "darts" in json.loads(r[FLAGS_KEY])]
+    assert len(darts) == N and sum(m.baseline for m in darts) == M
+    assert all(m.keep == m.baseline == bool(m.info.selected) for m in darts)
+    duet = [m for m in marks if m not in darts]
+    assert all(m.baseline for m in duet)
+    for mark in duet:
+        if mark.info.reason is Reason.DUET_ABORTED:
+            assert not mark.keep and mark.weight == 0.0
+        elif mark.eps_kept:
+            assert mark.keep and mark.weight == pytest.approx(1 / mark.info.keep_prob) == 2.0
+        else:
+            assert mark.keep and mark.weight == 1.0
+    assert leave, "DARTS leaves N - M samples out"
+    coins = [m for m in duet if m.eps_kept or m.info.reason is Reason.DUET_ABORTED]
+    assert any(m.eps_kept for m in coins) and not all(m.eps_kept for m in coins), \
+        "12 coins at ε=0.5 gave both sides"
+    assert metrics["vllm_rl/dropped"] == sum(not m.keep for m in marks)
+
+    # the samples out of the baseline are cleared from TransferQueue, and verl's balancing
+    # gets exactly the others, in verl's order
+    listed = tq.kv_list("train")["train"]
+    assert not set(leave) & set(listed) and set(stay) <= set(listed)
+    assert seen["_balance_batch.in"] == stay
+    balanced = seen["_balance_batch"]
+    padding = [k for k, t in zip(balanced.keys, balanced.tags) if t.get("is_padding")]
+    assert sorted(balanced.keys) == sorted(stay + padding) and len(balanced) % 2 == 0
+    assert balanced.extra_info["temperature"] == config.actor_rollout_ref.rollout.temperature
+    assert seen["_compute_advantage.in"] == balanced.keys == batch.keys
+
+    # the advantages: verl's GRPO estimator over the baseline samples alone, times weights
+    data = tq.kv_batch_get(keys=stay, partition_id="train",
+                           select_fields=["uid", "response_mask", "rm_scores", "advantages"])
+    mask = data["response_mask"].to_padded_tensor(0).float()
+    scores = data["rm_scores"].to_padded_tensor(0.0)
+    got = data["advantages"].to_padded_tensor(0.0)
+    uids = np.array(list(data["uid"]), dtype=object)
+    expected, _ = compute_grpo_outcome_advantage(scores, mask, uids)
+    weights = torch.tensor([m.weight for m in marks if m.baseline]).unsqueeze(-1)
+    torch.testing.assert_close(got, expected * weights)
+    if padding:
+        pad = tq.kv_batch_get(keys=padding, partition_id="train", select_fields=["advantages"])
+        assert not pad["advantages"].to_padded_tensor(0.0).any()
+    # the step's diagnostics reach verl's metrics
+    kept = [m for m in marks if m.baseline]
+    assert metrics["vllm_rl/loss_samples"] == sum(m.keep for m in kept)
+    assert 0.0 < metrics["vllm_rl/ess_fraction"] <= 1.0
+    assert 0.0 <= metrics["vllm_rl/zero_adv_groups"] <= 1.0 and "vllm_rl/eps_weight_share" in metrics
+
+
 def test_arrol_feedback_trains_calibrates_and_pushes(verl_cluster, rollout_batch):
     """ARRoL's trainer side on real records (hidden states at l_detect) and the task's
     verifier: the cold start pushes the head only, then head and calibration; the server
@@ -394,7 +616,7 @@ def test_arrol_feedback_trains_calibrates_and_pushes(verl_cluster, rollout_batch
     import ray
     from transformers import AutoTokenizer
 
-    from vllm_rl.integrations.verl.feedback import ArrolFeedback
+    from vllm_rl.integrations.common.feedback import ArrolFeedback
     from vllm_rl.task import MODEL_PATH, reward
 
     _, server, _ = verl_cluster
@@ -405,7 +627,7 @@ def test_arrol_feedback_trains_calibrates_and_pushes(verl_cluster, rollout_batch
     mask = rollout_batch.batch["response_mask"].bool()
     rewards = [reward(p[0]["content"], tok.decode(r[m].tolist()))
                for p, r, m in zip(fields["raw_prompt"], responses, mask)]
-    feedback = ArrolFeedback({"l_detect": 16}, cold_start_steps=2)
+    feedback = ArrolFeedback({"l_detect": 16}, cold_start_steps=2, auc_gate=None)
     first = feedback.observe(infos, rewards)
     assert first["calibration"] is None and first["cold_start"]
     assert ray.get(server.arrol_update.remote(**first)) == first["version"]

@@ -19,7 +19,8 @@ route, ``RLHttpServer.arrol_update``):
    π and δ (E[p] = κ).
 4. **The pruning gate**: the engine prunes only after the cold start (Sec. 5: 20 steps;
    Table 7) *and* once the head has shown it can rank: its held-out AUC ≥ ``auc_gate``
-   (0.65 by default).  Held out means prequential: each record's score came from the head
+   (0.65 by default; ``auc_gate=None``: the cold start alone, as in the paper).  Held out
+   means prequential: each record's score came from the head
    the engine had when the sample ran, trained only on earlier steps, so the AUC of those
    scores against the new labels (inverse-propensity weighted, over the last
    ``gate_window`` labels) is an out-of-sample measure of the head the engine is
@@ -92,13 +93,15 @@ class ArrolFeedback:
 
     def __init__(self, arrol_flags: dict[str, Any] | None = None, *, inputs: str = "both",
                  hidden_size: int | None = None, width: int = 128,
-                 cold_start_steps: int = 20, auc_gate: float = 0.65, gate_window: int = 256,
+                 cold_start_steps: int = 20, auc_gate: float | None = 0.65,
+                 gate_window: int = 256,
                  gate_min: int = 64, window: int = 2048, epochs: int = 20, lr: float = 1e-3,
                  weight_decay: float = 1e-2, max_weight: float = 20.0, seed: int = 0) -> None:
         if inputs not in HEAD_INPUTS:
             raise ValueError(f"ArrolFeedback inputs={inputs!r}: allowed {HEAD_INPUTS}")
-        if not 0.0 <= auc_gate <= 1.0:
-            raise ValueError(f"ArrolFeedback auc_gate={auc_gate!r}: allowed a float in [0, 1]")
+        if auc_gate is not None and not 0.0 <= auc_gate <= 1.0:
+            raise ValueError(f"ArrolFeedback auc_gate={auc_gate!r}: allowed a float in [0, 1] "
+                             "or None (no AUC gate: the cold start alone, as in the paper)")
         canonical = normalize({"arrol": dict(arrol_flags or {})})["arrol"]
         self.calibration_flags = {k: canonical[k] for k in CALIBRATION_FLAGS}
         self.inputs, self.hidden_size, self.width = inputs, hidden_size, width
@@ -140,7 +143,8 @@ class ArrolFeedback:
         self._fit()
         heldout = self._heldout_auc()
         cold = self.cold.active
-        self.gate_open = not cold and heldout is not None and heldout >= self.auc_gate
+        ranks = self.auc_gate is None or (heldout is not None and heldout >= self.auc_gate)
+        self.gate_open = not cold and ranks
         calibration = None
         if self.gate_open:
             calibration = self.calibration.calibration(**self.calibration_flags)

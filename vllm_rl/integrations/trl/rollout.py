@@ -95,6 +95,7 @@ class RolloutFunc:
         self.last = Rollout()
         self.last_weights: list[float] = []     # per returned sample, in TRL's order
         self.last_marks: list[TrainingMark] = []
+        self.last_texts: list[str] = []
 
     def _darts_planner(self, m: int):
         if self.planner is None and self.redundant is None:
@@ -157,7 +158,7 @@ class RolloutFunc:
                                                    "env_mask", WEIGHT, BASELINE, RECORD)}
         self.last = Rollout(prompts=list(distinct), wall_s=wall,
                             redundant=[sp.n for sp in params])
-        self.last_marks = []
+        self.last_marks, self.last_texts = [], []
         for out, m, sp in zip(outs, counts, params):
             comps = list(out.outputs)
             infos = [getattr(c, "rollout_info", None) or RolloutInfo.from_completion(c)
@@ -181,6 +182,7 @@ class RolloutFunc:
                 result[BASELINE].append(1 if mark.baseline else 0)
                 result[RECORD].append((mark.info or infos[i]).encode())
                 self.last_marks.append(mark)
+                self.last_texts.append(c.text)
         self.last_weights = list(result[WEIGHT])
         self._feedback()
         return result

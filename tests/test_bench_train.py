@@ -1,0 +1,74 @@
+"""``vllm-rl bench train``: the time-to-accuracy benchmark, as a smoke run (``--quick``)
+and its summary arithmetic."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vllm_rl.bench import train
+
+
+def test_quick_run_writes_the_table_json_and_png(tmp_path):
+    """Stock and all four, one seed, two GRPO steps each through TRL and the engines."""
+    done = subprocess.run([sys.executable, "-m", "vllm_rl.cli", "bench", "train", "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json.loads((tmp_path / "train.json").read_text())
+    assert (tmp_path / "train.png").stat().st_size > 10_000
+    assert {r["config"] for r in doc["runs"]} == {"stock", "all"} and not doc["errors"]
+    for run in doc["runs"]:
+        assert len(run["steps"]) == 2
+        for row in run["steps"]:
+            assert row["h100_s"] > 0 and row["engine_steps"] > 0 and "heldout" in row
+            assert {"diag_loss_samples_mean", "diag_zero_adv_groups", "diag_ess_fraction",
+                    "diag_eps_weight_share"} <= set(row)
+    allrun = next(r for r in doc["runs"] if r["config"] == "all")
+    assert allrun["steps"][0]["redundant"] == 12        # planner: 1.5 M N for 2 prompts
+    assert "| stock |" in done.stdout and "| all |" in done.stdout
+    assert "time to stock's final" in done.stdout
+
+
+def test_time_to_target_interpolates_on_cumulative_time():
+    pts = [(0.0, 0.5), (10.0, 0.6), (20.0, 0.7)]
+    assert train.time_to(pts, 0.65) == pytest.approx(15.0)
+    assert train.time_to(pts, 0.5) == 0.0
+    assert train.time_to(pts, 0.71) is None
+
+
+def test_t_interval_over_seeds():
+    m, lo, hi = train.t_interval([0.6, 0.7, 0.8])
+    assert m == pytest.approx(0.7)
+    assert hi - m == pytest.approx(4.303 * 0.1 / 3 ** 0.5, rel=1e-3)     # t(0.975, 2)
+    assert train.t_interval([0.5]) == (0.5, 0.5, 0.5)
+
+
+def test_summary_reports_time_to_stock_final_and_ratios():
+    def run(name, seed, accs, h100):
+        steps = [{"step": i + 1, "h100_s": h100, "tokens": 100, "engine_steps": 10,
+                  "train_reward": 0.5, "length": 40.0, "heldout": a}
+                 for i, a in enumerate(accs)]
+        return {"config": name, "seed": seed, "heldout_start": 0.5, "steps": steps}
+
+    runs = [run("stock", s, [0.55, 0.6, 0.65 + 0.01 * s], 2.0) for s in range(3)]
+    runs += [run("all", s, [0.62, 0.66, 0.7], 1.0) for s in range(3)]
+    summary = train.summarize(runs)
+    st, al = summary["stock"], summary["all"]
+    assert st["h100_total_s"] == 6.0 and al["h100_vs_stock"] == pytest.approx(2.0)
+    assert st["final_lo"] < st["final"] < st["final_hi"]
+    assert al["time_to_target_s"] < 2.0 and al["time_to_target_frac"] < 1 / 3
+    assert "| all |" in train.table(summary)
+
+
+def test_bench_train_help_and_bad_config():
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "vllm_rl.cli", "bench", "train", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    r = run("--help")
+    assert r.returncode == 0 and "--seeds" in r.stdout and "--quick" in r.stdout
+    r = run("--configs", "stock,nope")
+    assert r.returncode == 2 and "nope" in r.stderr
