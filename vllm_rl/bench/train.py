@@ -155,7 +155,8 @@ def _accuracy(llm, held: list[str], args) -> float:
     return statistics.fmean(reward(p, c.text) for p, o in zip(held, outs) for c in o.outputs)
 
 
-def run_one(name: str, seed: int, args, engines: dict, progress=None) -> dict:
+def run_one(name: str, seed: int, args, engines: dict, progress=None,
+            start_cache: dict | None = None) -> dict:
     """One GRPO run of ``name`` with ``seed``: per-step figures and the eval curve."""
     import random
 
@@ -242,7 +243,13 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None) -> dict:
                             rollout_func=rollout, callbacks=[Record()])
     trainer.remove_callback(PrinterCallback)
     t0 = time.perf_counter()
-    start = _accuracy(llm, held, args)
+    kind = "stock" if flags is None else "rl"     # every run starts from the same weights
+    if start_cache is not None and kind in start_cache:
+        start = start_cache[kind]
+    else:
+        start = _accuracy(llm, held, args)
+        if start_cache is not None:
+            start_cache[kind] = start
     state["mark"] = trace.mark()                  # evaluations are not rollout time
     trainer.train()
     return {"config": name, "seed": seed, "flags": flags, "heldout_start": start,
@@ -269,11 +276,13 @@ def _worker(jobs, args_dict, queue) -> None:
 
     torch.set_num_threads(1)
     engines: dict = {}
+    start_cache: dict = {}             # the step-0 accuracy: same weights, same eval samples
     for name, seed in jobs:
         try:
             _engines(args, engines)
             result = run_one(name, seed, args, engines,
-                             progress=lambda n, s, row: queue.put(("step", n, s, row)))
+                             progress=lambda n, s, row: queue.put(("step", n, s, row)),
+                             start_cache=start_cache)
             queue.put(("done", name, seed, result))
         except Exception as e:          # report, keep the other jobs going
             import traceback
