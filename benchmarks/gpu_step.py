@@ -1,7 +1,7 @@
 """One RL rollout step priced for the GPU: every configuration against stock vLLM at the same kept M.
 
     python benchmarks/gpu_step.py                      # all configurations, embedded model
-    python benchmarks/gpu_step.py --configs darts-16,das-cost --table h100
+    python benchmarks/gpu_step.py --configs darts-16,das-fixed-phase,das-fixed-cost --table h100
 
 Every engine runs in-process on this machine with the scheduler limits vLLM uses on an
 H100 (``max_num_seqs`` 1024, ``max_num_batched_tokens`` 16384: the offline defaults of
@@ -29,8 +29,16 @@ Configurations (stock ones on stock vLLM's scheduler with the trace only):
   flat part of the GPU's step-cost curve);
 - ``duet``: n = 8 with the marker gate;
 - ``das-class`` / ``das-fixed`` / ``das-optimal``: n = 8, each DAS budget policy, all
-  under the engine's cost-model batch cap (``DASConfig.batch_cap="cost"``);
-- ``das-fixed-linear``: the old linear batch cap (full budgets up to 256 running);
+  under the engine's default batch cap (``DASConfig().batch_cap``);
+- ``das-fixed-phase``: fixed budgets under the phase-aware cap (``batch_cap="phase"``:
+  per request the draft length that makes each step cheapest per generated token on
+  the table, from its acceptance estimate, ``control.das.phase_budgets``);
+- ``das-fixed-cost``: fixed budgets under the uniform cost cap (``batch_cap="cost"``,
+  one length for every request from the engine's recent acceptance: the default
+  before the phase-aware cap);
+- ``das-fixed-linear``: the linear batch cap (full budgets up to 256 running);
+- ``das-off``: the default DAS engine, requests with ``das.budget = 0`` (trees fed,
+  nothing drafted: what the drafter's engine costs without drafts);
 - ``all``: DARTS (adaptive) + DUET + DAS (the engine's default policy and cost cap) in
   one request; ``all-16``: the same with M' = 16 for every prompt.
 
@@ -77,25 +85,38 @@ class StepRun:
     stop_wait_steps: int = 0
     groups_stopped: int = 0
     draft_accepted: int = 0
+    draft_proposed: int = 0
+    # per sample: prompt index, prompt tokens, output tokens, drafts proposed, accepted
+    sample_rows: list = field(default_factory=list)
 
 
-def make_engines(names: set[str], model: str, seed: int, table: str, das_budget: int):
+def das_engine_of(name: str) -> str | None:
+    """The DAS engine (``"das-<batch cap>"``) configuration ``name`` runs on, or None."""
+    from vllm_rl.spec.config import BATCH_CAPS, DASConfig
+
+    if not (name.startswith("das-") or name.startswith("all")):
+        return None
+    cap = name.rsplit("-", 1)[-1]
+    return f"das-{cap if cap in BATCH_CAPS else DASConfig().batch_cap}"
+
+
+def make_engines(names: set[str], model: str, seed: int, table: str, das_budget: int,
+                 kv_bytes: int):
     import vllm
 
     from vllm_rl import LLM
     from vllm_rl.engine.trace import TRACED_SCHEDULER_CLS
 
-    common = dict(seed=seed, max_model_len=1024, kv_cache_memory_bytes=3 << 30, **H100_LIMITS)
+    common = dict(seed=seed, max_model_len=1024, kv_cache_memory_bytes=kv_bytes, **H100_LIMITS)
     out = {"stock": vllm.LLM(model, scheduler_cls=TRACED_SCHEDULER_CLS, async_scheduling=True,
                              additional_config={"vllm_rl_trace": True}, **common)}
     if names & {"darts-16", "darts-adaptive", "duet"}:
         out["rl"] = LLM(model, trace=True, **common)
-    if any(n.startswith("das-") or n == "all" for n in names):
-        out["das"] = LLM(model, trace=True, das={"budget": das_budget},   # default: cost cap
-                         cost=f"{table}:{SHAPES[0]}", **common)
-        if "das-fixed-linear" in names:
-            out["das-linear"] = LLM(model, trace=True, das={"budget": das_budget,
-                                                             "batch_cap": "linear"}, **common)
+    for engine in sorted({e for e in map(das_engine_of, names) if e}):
+        # every DAS engine plans on the same table it is projected on
+        out[engine] = LLM(model, trace=True, das={"budget": das_budget,
+                                                   "batch_cap": engine.split("-", 1)[1]},
+                          cost=f"{table}:{SHAPES[0]}", **common)
     return out
 
 
@@ -130,6 +151,8 @@ def flags_for(name: str, i: int, plan, duet: dict, m: int, m_prime: int):
                                     darts={"mode": "shortest"})
     if name == "duet":
         return m, rl_params(duet=duet)
+    if name == "das-off":
+        return m, rl_params(das={**das, "budget": 0})
     if name.startswith("das-"):
         policy = name.split("-")[1]
         return m, rl_params(das={**das, "policy": policy})
@@ -176,13 +199,17 @@ def run_config(llm, name: str, prompts, plan, duet, args, costs) -> StepRun:
     outs = [outputs[i] for i in range(len(prompts))]
     attach_rollout_info(outs, params)
     step_trace = trace.since(mark)
-    kept, weight, reasons, tokens, samples, accepted = [], 0.0, {}, 0, 0, 0
-    for prompt, out in zip(prompts, outs):
+    kept, weight, reasons, tokens, samples, accepted, proposed = [], 0.0, {}, 0, 0, 0, 0
+    rows = []
+    for i, (prompt, out) in enumerate(zip(prompts, outs)):
         for c in out.outputs:
             info = c.rollout_info
             samples += 1
             tokens += len(c.token_ids)
             accepted += info.draft_accepted or 0
+            proposed += info.draft_proposed or 0
+            rows.append([i, len(out.prompt_token_ids), len(c.token_ids),
+                         info.draft_proposed or 0, info.draft_accepted or 0])
             reasons[info.reason.value] = reasons.get(info.reason.value, 0) + 1
             if info.weight > 0:
                 kept.append((reward(prompt, c.text), len(c.token_ids)))
@@ -195,13 +222,20 @@ def run_config(llm, name: str, prompts, plan, duet, args, costs) -> StepRun:
         {shape: step_trace.project(cost).total_ms for shape, cost in costs.items()},
         reasons, [len(w) for w, _ in step_trace.steps()],
         after.get("stop_wait_steps", 0) - rl_stats.get("stop_wait_steps", 0),
-        after.get("groups_stopped", 0) - rl_stats.get("groups_stopped", 0), accepted)
+        after.get("groups_stopped", 0) - rl_stats.get("groups_stopped", 0), accepted,
+        proposed, rows)
 
 
-ENGINE_OF = {"stock-8": "stock", "stock-16": "stock", "darts-16": "rl", "darts-adaptive": "rl",
-             "duet": "rl", "das-class": "das", "das-fixed": "das", "das-optimal": "das",
-             "das-fixed-linear": "das-linear", "all": "das", "all-16": "das"}
-ALL = list(ENGINE_OF)
+ALL = ["stock-8", "stock-16", "darts-16", "darts-adaptive", "duet", "das-class", "das-fixed",
+       "das-optimal", "das-fixed-phase", "das-fixed-cost", "das-fixed-linear", "das-off", "all",
+       "all-16"]
+
+
+def engine_of(name: str) -> str:
+    """The engine a configuration runs on."""
+    if name.startswith("stock"):
+        return "stock"
+    return das_engine_of(name) or "rl"
 
 
 BUDGETS = (1.0, 1.125, 1.25, 1.5, 2.0)   # total budgets (x M N) the auto choice weighs
@@ -255,6 +289,10 @@ def main(argv: list[str] | None = None) -> None:
                          "whose plan has the smallest Eq. 4 step cost on the table (its "
                          "predictor is optimistic about cut tails: see the README)")
     ap.add_argument("--configs", default=",".join(ALL))
+    ap.add_argument("--kv-gib", type=float, default=3.0,
+                    help="KV cache per engine, GiB (3, the default, holds the H100 "
+                         "limits' 1024 running sequences at max_tokens 256 on the embedded "
+                         "model; lower it for small runs)")
     ap.add_argument("--out", default=str(ROOT / "bench-results"))
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -274,15 +312,22 @@ def main(argv: list[str] | None = None) -> None:
         names.insert(0, "stock-8")
     model = args.model or str(MODEL_PATH)
     costs = {shape: load_cost(f"{args.table}:{shape}") for shape in SHAPES}
-    llms = make_engines(set(names), model, args.seed, args.table, args.das_budget)
+    llms = make_engines(set(names), model, args.seed, args.table, args.das_budget,
+                        int(args.kv_gib * (1 << 30)))
     prompts = heldout_prompts(args.prompts)
 
-    prev_llm = llms.get("das") or llms.get("rl") or llms["stock"]
+    # The previous step: on the default DAS engine when there is one (its lengths feed
+    # DARTS and DUET), and on every DAS engine (each grows its own trees).
+    das_engines = sorted(e for e in llms if e.startswith("das-"))
+    default = das_engine_of("das-fixed")
+    first = default if default in llms else (das_engines[0] if das_engines else None)
+    prev_llm = llms[first] if first else llms.get("rl") or llms["stock"]
     lengths, valid_lengths = previous_step(prev_llm, prompts, args.m, args.max_tokens,
-                                           args.seed + 100_000, "das" in llms)
-    if "das-linear" in llms:
-        previous_step(llms["das-linear"], prompts, args.m, args.max_tokens,
-                      args.seed + 100_000, True)
+                                           args.seed + 100_000, first is not None)
+    for engine in das_engines:
+        if engine != first:
+            previous_step(llms[engine], prompts, args.m, args.max_tokens,
+                          args.seed + 100_000, True)
     from vllm_rl.control.duet import percentile
 
     kept_prev = [x for ls in valid_lengths for x in ls]
@@ -293,14 +338,16 @@ def main(argv: list[str] | None = None) -> None:
                                       args.max_tokens)
     runs = []
     for name in tqdm(names, desc="configurations", unit="step"):
-        run = run_config(llms[ENGINE_OF[name]], name, prompts, plan, duet, args, costs)
-        run.engine = ENGINE_OF[name]
+        run = run_config(llms[engine_of(name)], name, prompts, plan, duet, args, costs)
+        run.engine = engine_of(name)
         runs.append(run)
     base = next(r for r in runs if r.config == "stock-8")
     rows = []
     for r in runs:
         row = {"config": r.config, **{f"{s} ms": r.projected_ms[s] for s in SHAPES},
                **{f"vs stock-8 ({s})": base.projected_ms[s] / r.projected_ms[s] for s in SHAPES},
+               f"{SHAPES[0]} ms/ktok": 1e3 * r.projected_ms[SHAPES[0]] / max(r.tokens, 1),
+               "drafts acc": r.draft_accepted,
                "steps": r.engine_steps, "wait steps": r.stop_wait_steps, "tokens": r.tokens, "cpu s": r.wall_s,
                "cpu vs stock-8": base.wall_s / r.wall_s, "kept": r.kept,
                "kept reward": r.kept_mean_reward, "kept len": r.kept_mean_length}

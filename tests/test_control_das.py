@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import subprocess
 import sys
 import time
@@ -546,3 +547,122 @@ def test_cost_cap_drafts_where_widening_is_cheap():
     assert caps == sorted(caps, reverse=True)
     assert cost_cap(lambda k: 1.0 + k, 4, 4, 0.0, 8) == 0   # nothing accepted: no drafts
     assert cost_cap(step(8), 8, 0, 0.9, 8) == 0
+
+
+# ------------------------------------------------- phase-aware drafting on the cost model
+
+
+def _h100_step(batch: int, context: float = 256):
+    from vllm_rl.cost import load_cost
+
+    h100 = load_cost("h100:qwen3-8b")
+    curve = [h100.uniform_ms(batch, 1 + k, context) for k in range(9)]
+    return curve.__getitem__
+
+
+def test_the_h100_table_makes_drafting_a_tail_affair():
+    """The table facts the phase-aware rule rests on: at L = 256, verifying 8 drafts costs
+    5.3x a decode step at B = 256 and 1.15x at B = 16."""
+    b256, b16 = _h100_step(256, 256), _h100_step(16, 256)
+    assert b256(8) / b256(0) == pytest.approx(5.26, abs=0.01)
+    assert b16(8) / b16(0) == pytest.approx(1.15, abs=0.01)
+
+
+def test_phase_budgets_against_brute_force():
+    """Eq. 1-3 on a step-cost curve: the split the rule returns has the smallest expected
+    time per generated token of every split within the caps (and no more drafts than the
+    smallest such split)."""
+    from itertools import product
+
+    from vllm_rl.control.das import chain_accepted, phase_budgets, phase_ms_per_token
+
+    rng = random.Random(7)
+    for _ in range(1500):
+        n = rng.randint(1, 4)
+        batch = n + rng.randint(0, 3)
+        caps = [rng.randint(0, 3) for _ in range(n)]
+        q = [rng.choice([0.0, 0.3, 0.5, 0.5, 0.9, 1.0, rng.random()]) for _ in range(n)]
+        base = rng.uniform(1.0, 10.0)
+        rises = sorted(rng.choice([0.0, rng.uniform(0.0, 20.0)]) for _ in range(max(caps)))
+        curve = [base] + [base + r for r in rises]
+        top = max(caps)
+
+        def ratio(ks):        # the curve read at Σk / batch, linear between integer widths
+            x = sum(ks) / batch
+            k = min(int(x), top - 1) if top else 0
+            ms = curve[k] + (x - k) * (curve[k + 1] - curve[k]) if top else curve[0]
+            return ms / (batch + sum(chain_accepted(a, b) for a, b in zip(q, ks)))
+
+        got = phase_budgets(curve.__getitem__, batch, q, caps)
+        assert all(0 <= k <= c for k, c in zip(got, caps))
+        best = min(ratio(ks) for ks in product(*[range(c + 1) for c in caps]))
+        assert ratio(got) == pytest.approx(best, rel=1e-9)
+        fewest = min(sum(ks) for ks in product(*[range(c + 1) for c in caps])
+                     if ratio(ks) <= best * (1 + 1e-9))
+        assert sum(got) == fewest
+        if top and sum(got) and max(got) == top:
+            assert phase_ms_per_token(curve.__getitem__, batch, q, got) == \
+                pytest.approx(ratio(got), rel=1e-12)
+
+
+def test_phase_budgets_off_in_the_bulk_full_in_the_tail():
+    """On the H100 table: at q = 0.5 a batch of 1024 drafts nothing, 256 at most one token
+    per request, and a tail of 16 or fewer drafts most of the 2b = 8 budget; at q = 0.8
+    the tail drafts the full budget.  Drafts per request never grow with the batch."""
+    from vllm_rl.control.das import phase_budgets
+
+    def per_row(batch, q):
+        return sum(phase_budgets(_h100_step(batch), batch, [q] * batch, [8] * batch)) / batch
+
+    assert per_row(1024, 0.5) == 0
+    assert per_row(256, 0.5) <= 1
+    assert all(per_row(b, 0.5) >= 5 for b in (1, 4, 16))
+    assert all(per_row(b, 0.8) == 8 for b in (1, 4, 16))
+    for q in (0.3, 0.5, 0.7, 0.9):
+        rows = [per_row(b, q) for b in (1, 4, 16, 32, 64, 128, 256, 512, 1024)]
+        assert rows == sorted(rows, reverse=True)
+
+
+def test_phase_budgets_draft_where_acceptance_is_high():
+    """In a mixed bulk step the drafts go to the requests whose drafts get accepted: the
+    length is non-decreasing in q; near-certain drafts still pay at B = 256."""
+    from vllm_rl.control.das import phase_budgets
+
+    q = [0.2, 0.5, 0.8, 0.95] * 64
+    ks = phase_budgets(_h100_step(256), 256, q, [8] * 256)
+    by_q = {v: {k for k, w in zip(ks, q) if w == v} for v in set(q)}
+    assert all(len(s) <= 2 for s in by_q.values())      # equal rows differ by <= 1
+    levels = [max(by_q[v]) for v in sorted(by_q)]
+    assert levels == sorted(levels) and levels[0] == 0 and levels[-1] >= 2
+
+
+def test_phase_budgets_caps_and_edges():
+    from vllm_rl.control.das import phase_budgets
+
+    step = _h100_step(4)
+    assert phase_budgets(step, 4, [0.9, 0.9, 0.0, 0.9], [8, 3, 8, 0]) == [8, 3, 0, 0]
+    assert phase_budgets(step, 4, [], []) == []
+    assert phase_budgets(step, 0, [], []) == []
+    assert phase_budgets(lambda k: 5.0, 2, [0.1, 0.1], [8, 8]) == [8, 8]   # free width
+    assert phase_budgets(lambda k: 5.0 * (1 + k), 2, [0.99, 0.99], [8, 8]) == [0, 0]
+    # One drafting row in a step of 1024: a draft token costs ~2/3 of the step's mean
+    # token there (compute-bound), so only drafts accepted more often than that pay.
+    assert phase_budgets(_h100_step(1024), 1024, [0.6], [8]) == [0]
+    assert 0 < phase_budgets(_h100_step(1024), 1024, [0.9], [8])[0] < 8
+
+
+def test_phase_budgets_bad_arguments():
+    from vllm_rl.control.das import phase_budgets, phase_ms_per_token
+
+    step = _h100_step(4)
+    for args, name in (((step, 4, [0.5], [8, 8]), "caps"),
+                       ((step, 4, [1.5], [8]), "q[0]"),
+                       ((step, 4, [0.5], [-1]), "caps[0]"),
+                       ((step, 4, [0.5], [2.0]), "caps[0]"),
+                       ((step, 1, [0.5, 0.5], [1, 1]), "more than the batch"),
+                       ((lambda k: -1.0, 4, [0.5], [1]), "step_ms(0)"),
+                       ((step, -1, [], []), "batch")):
+        with pytest.raises(ValueError, match=re.escape(name)):
+            phase_budgets(*args)
+    with pytest.raises(ValueError, match="k"):
+        phase_ms_per_token(step, 4, [0.5], [1, 2])

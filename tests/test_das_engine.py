@@ -293,3 +293,74 @@ def test_optimal_policy_sets_budgets_per_request(das_llm, prompts):
     assert all(0 <= i.draft_accepted <= i.draft_proposed for i in infos)
     rates = {round(i.draft_proposed / i.length, 2) for i in infos if i.length > 8}
     assert len(rates) > 1
+
+
+# ------------------------------------------ the phase-aware cap (DASConfig batch_cap="phase")
+
+
+@pytest.fixture(scope="module")
+def phase_llm():
+    """A DAS engine with the phase-aware cap planning on the H100 table (so its decisions
+    do not depend on this machine's step times)."""
+    from conftest import MAX_MODEL_LEN, shutdown
+
+    from vllm_rl import LLM
+
+    llm = LLM(seed=0, max_model_len=MAX_MODEL_LEN, das={"batch_cap": "phase"},
+              cost="h100:qwen3-8b")
+    yield llm
+    shutdown(llm)
+
+
+def test_phase_cap_drafts_what_the_rule_says_and_vllm_verifies_it(phase_llm, prompts):
+    """Every step, the drafter's draft lengths are control.das.phase_budgets' answer for the
+    step's batch, mean context, acceptance estimates and the tree's draft lengths; vLLM
+    verifies exactly those drafts in the next step; the tail drafts more per request than
+    the bulk."""
+    from vllm_rl.control.das import phase_budgets
+    from vllm_rl.cost import load_cost
+
+    ps = prompts[:16]
+    for seed in (51, 52):                      # the first round grows the trees
+        sp = [SamplingParams(n=8, temperature=1.0, max_tokens=96, seed=seed + i,
+                             extra_args=rl_params(das={"problem_id": f"phase-{i}"}))
+              for i in range(len(ps))]
+        outs = phase_llm.generate(ps, sp, use_tqdm=False)
+    infos = [c.rollout_info for o in outs for c in o.outputs]
+    assert sum(i.draft_accepted for i in infos) > 0
+    log = phase_llm.collective_rpc("das_phase")[0]
+    table = load_cost("h100:qwen3-8b")
+    decided = 0
+    for d in log:
+        if d["probe"]:
+            continue
+        curve = [table.uniform_ms(d["batch"], 1 + k, d["context"]) for k in range(2 * B + 1)]
+        assert list(d["k"]) == phase_budgets(curve.__getitem__, d["batch"], list(d["q"]),
+                                             list(d["caps"]))
+        decided += 1
+    assert decided > 20
+    pairs = [(a, b) for a, b in zip(log, log[1:]) if b["step"] == a["step"] + 1]
+    assert len(pairs) > 20
+    for a, b in pairs:
+        assert b["verified"] == sum(a["k"]), (a, b)
+
+    def per_row(ds):
+        return sum(sum(d["k"]) for d in ds) / max(1, sum(len(d["k"]) for d in ds))
+
+    bulk = [d for d in log if d["batch"] >= 64 and not d["probe"]]
+    tail = [d for d in log if d["batch"] <= 8 and not d["probe"]]
+    assert bulk and tail and per_row(tail) > per_row(bulk)
+
+
+def test_phase_cap_keeps_greedy_tokens(phase_llm, prompts):
+    ps = prompts[16:24]
+    ref = phase_llm.generate(ps, _greedy(logprobs=2), use_tqdm=False)
+    for _ in range(2):                         # the second run drafts from the first
+        runs = [phase_llm.generate([p], _greedy(f"phase-greedy-{i}"), use_tqdm=False)[0]
+                for i, p in enumerate(ps)]
+    drafted = 0
+    for r, o in zip(ref, runs):
+        same, gap = _agree(r.outputs[0], o.outputs[0])
+        assert same or gap <= NEAR_TIE
+        drafted += o.outputs[0].rollout_info.draft_accepted
+    assert drafted > 0

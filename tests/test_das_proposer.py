@@ -123,3 +123,87 @@ def test_a_reused_request_id_starts_a_new_rollout():
     runner.step(p, {"r": [8]})
     assert list(p.store.sequences("P")) == [PROMPT + [5, 6]]
     assert list(p.store.sequences("Q")) == [PROMPT + [8]]
+
+
+# ------------------------------------------------ batch_cap="phase" (the H100 table)
+
+
+def _phase_proposer():
+    spec = SimpleNamespace(method="custom_class", model=PROPOSER, num_speculative_tokens=8)
+    return DASProposer(SimpleNamespace(
+        speculative_config=spec,
+        additional_config={CONFIG_KEY: {"batch_cap": "phase"}, "vllm_rl_cost": "h100:qwen3-8b"},
+        model_config=SimpleNamespace(max_model_len=512)))
+
+
+def _rule(p, decision):
+    """What control.das.phase_budgets says for a logged decision (same table, same inputs)."""
+    from vllm_rl.control.das import phase_budgets
+
+    curve = [p.cost.uniform_ms(decision["batch"], 1 + k, decision["context"]) for k in range(9)]
+    return phase_budgets(curve.__getitem__, decision["batch"], list(decision["q"]),
+                         list(decision["caps"]))
+
+
+ROLLOUT = list(range(11, 40))
+
+
+def test_phase_cap_drafts_the_rules_length_in_the_tail():
+    """One request left: the table makes its width nearly free, so it drafts what the
+    rule gives at its acceptance estimate, cut from the tree's draft."""
+    p, runner = _phase_proposer(), Runner()
+    p.prebuild("P", [ROLLOUT + [EOS]], PROMPT)
+    runner.add("r", _request({"problem_id": "P"}, max_tokens=200))
+    drafts = runner.step(p, {"r": [11]})
+    (decision,) = p.phase()
+    assert decision["batch"] == 1 and decision["caps"] == (8,)      # the tree had 8
+    assert decision["k"] == tuple(_rule(p, decision)) and decision["k"][0] >= 6
+    assert drafts["r"] == ROLLOUT[1:1 + decision["k"][0]]
+    # accepted in full: the request's own estimate rises and it drafts the full budget
+    drafts = runner.step(p, {"r": drafts["r"] + [ROLLOUT[1 + len(drafts["r"])]]},
+                         drafts={"r": drafts["r"]})
+    decision = p.phase()[-1]
+    assert decision["verified"] == p.phase()[0]["k"][0]
+    assert decision["q"][0] > 0.5 and decision["k"] == (8,) and len(drafts["r"]) == 8
+
+
+def test_phase_cap_is_off_in_a_wide_batch_and_probes():
+    """600 running requests at the prior acceptance 0.5: no request drafts (the tree is not
+    asked) until PROBE_EVERY such steps, then PROBE_ROWS requests draft once."""
+    from vllm_rl.spec.proposer import PROBE_EVERY, PROBE_ROWS
+
+    p, runner = _phase_proposer(), Runner()
+    rows = [f"r{i}" for i in range(600)]
+    for rid in rows:
+        p.prebuild(rid, [ROLLOUT + [EOS]], PROMPT)              # a problem per request
+        runner.add(rid, _request({"problem_id": rid}, max_tokens=200))
+    for step in range(PROBE_EVERY):
+        drafts = runner.step(p, {rid: [ROLLOUT[step]] for rid in rows})
+        decision = p.phase()[-1]
+        assert decision["batch"] == 600
+        if step < PROBE_EVERY - 1:
+            assert not any(drafts.values()) and not decision["probe"]
+            assert not any(decision["k"]) and decision["k"] == tuple(_rule(p, decision))
+    assert decision["probe"] and sum(map(bool, drafts.values())) == PROBE_ROWS
+    assert p.stats()["phase"]["probes"] == 1
+
+
+def test_phase_cap_reads_the_trees_draft_length():
+    """The rule runs again on what the tree had: a tree that continues the context by three
+    tokens caps the request at three."""
+    p, runner = _phase_proposer(), Runner()
+    p.prebuild("P", [[11, 12, 13, 14]], PROMPT)
+    runner.add("r", _request({"problem_id": "P"}, max_tokens=200))
+    drafts = runner.step(p, {"r": [11]})
+    decision = p.phase()[-1]
+    assert decision["caps"] == (3,) and drafts["r"] == [12, 13, 14]
+
+
+def test_phase_cap_keeps_the_policy_budget_as_a_ceiling():
+    """das.budget lowers the ceiling; budget 0 (or a short length class) drafts nothing."""
+    p, runner = _phase_proposer(), Runner()
+    p.prebuild("P", [ROLLOUT + [EOS]], PROMPT)
+    runner.add("b1", _request({"problem_id": "P", "budget": 1}, max_tokens=200))
+    runner.add("b0", _request({"problem_id": "P", "budget": 0}, max_tokens=200))
+    drafts = runner.step(p, {"b1": [11], "b0": [11]})
+    assert len(drafts["b1"]) == 2 and drafts["b0"] == []          # fixed policy: 2b

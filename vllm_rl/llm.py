@@ -223,8 +223,8 @@ def server_args(das: Any = None, arrol: Any = None) -> list[str]:
     else:
         from vllm_rl.spec.config import DASConfig
 
-        kw = DASConfig.of(das).engine_kwargs()
-        extra.update(kw["additional_config"])
+        kw = DASConfig.of(das).engine_kwargs()    # sync: vLLM allows no async scheduling
+        extra.update(kw["additional_config"])      # with a custom_class drafter (see there)
         args = ["--scheduler-cls", kw["scheduler_cls"], "--no-async-scheduling",
                 "--speculative-config", json.dumps(kw["speculative_config"])]
     if extra:

@@ -43,8 +43,9 @@ def parser() -> argparse.ArgumentParser:
                     help="DAS draft budget b (the engine drafts up to 2b tokens); implies --das")
     ap.add_argument("--das-policy", choices=("class", "optimal", "fixed"), default=None,
                     help="DAS default budget policy for requests that name none; implies --das")
-    ap.add_argument("--das-batch-cap", choices=("cost", "linear"), default=None,
-                    help="DAS batch cap (default cost); implies --das")
+    ap.add_argument("--das-batch-cap", choices=("cost", "phase", "linear"), default=None,
+                    help="DAS batch cap (default cost; phase: per-request draft lengths "
+                         "from the step-cost model); implies --das")
     ap.add_argument("--arrol", action="store_true",
                     help="start ARRoL's quality head (V1 model runner; cold start until a "
                          "calibration arrives on POST /vllm_rl/arrol)")

@@ -21,6 +21,7 @@ from vllm_rl.flags import DAS_POLICIES, MAX_DRAFT, FlagError
 
 PROPOSER = "vllm_rl.spec.proposer.DASProposer"
 CONFIG_KEY = "vllm_rl_das"
+BATCH_CAPS = ("phase", "cost", "linear")     # DASConfig.batch_cap
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,22 @@ class DASConfig:
     default) derives it from the engine's step-cost model (``vllm_rl.LLM(cost=...)``,
     :mod:`vllm_rl.cost`; fitted online when none is named): each step drafts the length
     that makes the step cheapest per generated token at its batch size and context
-    (:func:`vllm_rl.control.das.cost_cap`), so a memory-bound GPU drafts at full budget
-    on small batches and not at all on a full one.  ``batch_cap="linear"`` is the fixed
-    rule: full budget up to ``full_batch`` running requests, scaled down linearly above,
-    off at ``off_batch`` (measured on the 2-core CPU with ``benchmarks/das_batch.py``:
-    drafting gained 3.8x tokens/s at B = 1, 1.24x at 64, 1.11x at 256).
+    (:func:`vllm_rl.control.das.cost_cap`), one length for every request from the
+    engine's recent acceptance, so a memory-bound GPU drafts at full budget on small
+    batches and not at all on a full one.  ``batch_cap="phase"`` makes the same choice
+    per request (:func:`vllm_rl.control.das.phase_budgets`): each request's length from
+    its own acceptance estimate (Eq. 3's k, shrunk toward its problem's and the
+    engine's) and the tree's actual draft, minimising the step's expected time per
+    generated token; drafting is off or short in the bulk of a rollout step and at full
+    budget in its tail.  Projected on the H100 table against ``"cost"``
+    (``benchmarks/gpu_step.py``, fixed budgets; notes/issue20-das.md) it was 0.93x at
+    16 prompts x 8 and 0.99x at 64 (3 seeds each, spread ±10 %), 1.01x at 256 (one
+    seed): the step ends with its slowest samples, and per-request lengths sometimes
+    starve the slowest one, so ``"cost"`` stays the default.  ``batch_cap="linear"`` is
+    the fixed rule: full budget up to ``full_batch`` running requests, scaled down
+    linearly above, off at ``off_batch`` (measured on the 2-core CPU with
+    ``benchmarks/das_batch.py``: drafting gained 3.8x tokens/s at B = 1, 1.24x at 64,
+    1.11x at 256).
     Projected on the H100 table for the held-out step (``benchmarks/gpu_step.py``, 64
     prompts, n = 8, Qwen3-8B shape) against stock vLLM: fixed + cost cap 1.27x, class +
     cost cap 1.10x, optimal + cost cap 1.00x, fixed + linear cap 0.96x: hence the
@@ -89,8 +101,9 @@ class DASConfig:
                              "stats_rounds >= 1")
         if self.policy not in DAS_POLICIES:
             raise ValueError(f"DASConfig.policy={self.policy!r}: allowed one of {DAS_POLICIES}")
-        if self.batch_cap not in ("linear", "cost"):
-            raise ValueError(f"DASConfig.batch_cap={self.batch_cap!r}: allowed 'linear', 'cost'")
+        if self.batch_cap not in BATCH_CAPS:
+            raise ValueError(f"DASConfig.batch_cap={self.batch_cap!r}: allowed one of "
+                             f"{BATCH_CAPS}")
         if self.c_base_ms < 0 or self.c_tok_ms <= 0:
             raise ValueError("DASConfig: c_base_ms >= 0 and c_tok_ms > 0 (Eq. 1)")
 
@@ -120,6 +133,16 @@ class DASConfig:
         """The vLLM engine arguments that start a DAS engine."""
         from vllm_rl import SYNC_SCHEDULER_CLS
 
+        # Synchronous scheduling: vLLM allows no async scheduling with a custom_class
+        # drafter (0.32.0 and 0.33.0).  custom_class runs on the V1 model runner only
+        # (0.32 config/vllm.py:2927-2934, 0.33 :3066-3068), which refuses async scheduling
+        # with any drafter but EAGLE/MTP/draft_model/ngram_gpu/DSpark/DFlash (0.32
+        # config/vllm.py:1553-1574 raises, :1597-1610 turns it off; 0.33 :1652-1665,
+        # 1668-1680, 1710-1716), and for a reason: under async scheduling the sampled
+        # tokens stay on the GPU, the CPU-side drafters get an empty token list
+        # (gpu_model_runner.py `valid_sampled_token_ids = []`, 0.32:3538, 0.33:3504) and the
+        # engine core never hands drafts to the scheduler (v1/engine/core.py post_step,
+        # 0.32:693, 0.33:703).  See notes/issue20-das.md.
         return {
             "speculative_config": {"method": "custom_class", "model": PROPOSER,
                                    "num_speculative_tokens": self.num_speculative_tokens},

@@ -22,8 +22,14 @@ Per step, for each request whose flags have a ``das`` section:
    long with budgets 0 / b / 2b, initialised from its problem's history and promoted as
    it grows (Sec. 4.2.3); ``"optimal"`` solves Eq. 6-7 over the running DAS requests
    from online estimates of their acceptance (Eq. 3) and remaining length;
-   ``"fixed"`` always drafts 2b.  Every budget is scaled by the batch cap
-   (:func:`vllm_rl.control.das.batch_cap`): drafting stops paying on a big batch.
+   ``"fixed"`` always drafts 2b.  The batch cap then decides how much of it the step
+   drafts (drafting stops paying on a big batch, Sec. 4.2.1): ``"phase"``
+   (:func:`vllm_rl.control.das.phase_budgets`, :meth:`DASProposer._phase`) gives each
+   request the length that makes the next step cheapest per generated token on the
+   engine's step-cost model, from its own acceptance estimate (Eq. 3's k): off or short
+   in the bulk of a rollout step, the full budget in its tail; ``"cost"`` one length
+   for all (:func:`vllm_rl.control.das.cost_cap`); ``"linear"`` a fixed scale
+   (:func:`vllm_rl.control.das.batch_cap`).
 4. *Draft*: the most frequent continuation of the longest context suffix that the
    tree has seen continued (the rollout itself is in the tree, so its own last
    occurrence never continues: the C++ draft backs off, by bisection, to the longest
@@ -38,7 +44,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -60,6 +66,13 @@ CLASS_CHECK_EVERY = 8    # tokens between length-class updates of a request
 # for at most PROBE_ROWS requests: fresh evidence at the price of a few wider rows.
 PROBE_EVERY = 16
 PROBE_ROWS = 8
+# Acceptance estimates of the phase-aware cap (Eq. 3's k, control.das.estimate_k): a
+# request's own counts shrunk toward its problem's, the problem's toward the engine's
+# recent rate, each prior worth PRIOR_DRAFTS draft tokens; a problem's counts decay with
+# a horizon of PROBLEM_HORIZON verifications (its tree and the policy move on).
+PRIOR_DRAFTS = 16.0
+PROBLEM_HORIZON = 256
+PHASE_LOG = 256          # recent phase decisions kept for das_phase() (tests, debugging)
 
 
 @dataclass
@@ -81,7 +94,40 @@ class RequestState:
     stop_ids: frozenset = frozenset()   # token ids that end it (EOS and stop tokens)
     budget_policy: str = "fixed"        # the budget policy (flags, else the engine's)
     done: bool = False                  # sealed: a natural end was seen
+    # its drafts: proposed, accepted, generated (Eq. 3's counts; optimal and phase read it)
     est: policy.AcceptanceEstimate = field(default_factory=policy.AcceptanceEstimate)
+
+
+@dataclass
+class DecayedCounts:
+    """A problem's acceptance counts, each step's weight decaying by 1 − 1/horizon (the
+    fields :func:`vllm_rl.control.das.estimate_k` reads)."""
+
+    proposed: float = 0.0
+    accepted: float = 0.0
+    generated: float = 0.0
+
+    def observe(self, proposed: int, accepted: int, generated: int, keep: float) -> None:
+        self.proposed = self.proposed * keep + proposed
+        self.accepted = self.accepted * keep + accepted
+        self.generated = self.generated * keep + generated
+
+
+@dataclass(frozen=True)
+class PhaseStep:
+    """One phase-aware decision (:meth:`DASProposer._phase`): the step's ``batch`` and mean
+    ``context``, per drafting row its acceptance ``q``, draft ``caps`` (the tree's draft
+    length within the policy budget) and chosen ``k``; ``verified``: draft tokens vLLM
+    verified in this step (the previous decision's)."""
+
+    step: int
+    batch: int
+    context: float
+    q: tuple
+    caps: tuple
+    k: tuple
+    verified: int
+    probe: bool = False
 
 
 @dataclass
@@ -120,11 +166,16 @@ class DASProposer:
         self._sched = None
         extra = getattr(vllm_config, "additional_config", None) or {}
         self.cost = load_cost(extra.get("vllm_rl_cost"))   # the engine's step-cost model
-        # Only the cost cap reads the model: fit it online only when that is in use.
-        self._online = cfg.batch_cap == "cost" and isinstance(self.cost, OnlineCost)
+        # Only the cost and phase caps read the model: fit it online only for them.
+        self._online = cfg.batch_cap in ("cost", "phase") and isinstance(self.cost, OnlineCost)
         self._t_step: float | None = None
         self._batch, self._context = 0, 0.0    # this step's batch and mean context
         self._undrafted = 0                     # steps the cost cap has drafted nothing
+        self._problem_acc: dict[str, DecayedCounts] = {}    # phase cap: per-problem counts
+        self._steps = 0                         # propose() calls
+        self._verified = 0                      # draft tokens verified in this step
+        self.phase_log: deque = deque(maxlen=PHASE_LOG)
+        self.phase_totals = {"decisions": 0, "drafting": 0, "probes": 0, "drafts": 0}
 
     # ------------------------------------------------------------------ vLLM hooks
     def load_model(self, *args, **kwargs) -> None:
@@ -155,23 +206,30 @@ class DASProposer:
             drafted = sum(1 for t in spec.get(rid, ()) if t >= 0)
             if drafted:
                 acc = len(sampled) - 1
-                if st.budget_policy == "optimal":             # Eq. 3's online estimate
-                    st.est.observe(drafted, acc, len(sampled))
+                st.est.observe(drafted, acc, len(sampled))    # Eq. 3's online estimate
                 p = self.store.problems.get(st.problem)
                 if p is not None:
                     p.drafted += drafted
                     p.accepted += acc
+                if self.cfg.batch_cap == "phase":
+                    self._problem_acc.setdefault(st.problem, DecayedCounts()).observe(
+                        drafted, acc, len(sampled), 1.0 - 1.0 / PROBLEM_HORIZON)
                 step_reqs, step_prop, step_acc = step_reqs + 1, step_prop + drafted, step_acc + acc
             if self._feed(st, sampled, int(num_tokens_no_spec[i])):
                 live.append((i, st))
         self._account(step_reqs, step_prop, step_acc, bool(live))
         self._maybe_end_round()
+        self._steps += 1
+        self._verified = step_prop
         if not live:
             return drafts
         if self._online:
             self._observe_step(sched, req_ids, num_tokens_no_spec)
         self._batch = len(req_ids)
         self._context = float(np.sum(num_tokens_no_spec[:self._batch])) / max(self._batch, 1)
+        if self.cfg.batch_cap == "phase":
+            self._phase(live, num_tokens_no_spec, token_ids_cpu, drafts)
+            return drafts
         if self.cfg.batch_cap == "cost":
             cap, k_cap = 1.0, self._cost_cap(len(req_ids), len(live))
             if k_cap == 0:
@@ -205,14 +263,97 @@ class DASProposer:
     def _cost_cap(self, batch: int, drafting: int) -> int:
         """Sec. 4.2.1's batch cap from the step-cost model: the draft length that makes
         this step cheapest per generated token (:func:`policy.cost_cap`)."""
+        q = self._recent_acceptance()
+        width = lambda k: 1.0 + k * drafting / batch   # noqa: E731
+        return policy.cost_cap(lambda k: self.cost.uniform_ms(batch, width(k), self._context),
+                               batch, drafting, q, self.k_max)
+
+    def _recent_acceptance(self) -> float:
+        """The engine's per-draft-token acceptance over its last 64 verification steps
+        (:func:`policy.chain_acceptance`), clamped to [0.05, 0.95]; 0.5 before any."""
         recent = list(islice(reversed(self.verify_log), 64))
         prop = sum(x[1] for x in recent)
         acc = sum(x[2] for x in recent)
         q = policy.chain_acceptance(prop, acc, acc + sum(x[0] for x in recent))
-        q = 0.5 if q is None else min(max(q, 0.05), 0.95)
-        width = lambda k: 1.0 + k * drafting / batch   # noqa: E731
-        return policy.cost_cap(lambda k: self.cost.uniform_ms(batch, width(k), self._context),
-                               batch, drafting, q, self.k_max)
+        return 0.5 if q is None else min(max(q, 0.05), 0.95)
+
+    def _acceptance(self, live: list[tuple[int, RequestState]]) -> list[float]:
+        """Eq. 3's k per request (:func:`policy.estimate_k`): its own drafts' counts,
+        shrunk toward its problem's (decayed) counts, shrunk toward the engine's recent
+        rate."""
+        q_engine = self._recent_acceptance()
+        by_problem: dict[str, float] = {}
+        out = []
+        for _, st in live:
+            q_p = by_problem.get(st.problem)
+            if q_p is None:
+                counts = self._problem_acc.get(st.problem)
+                q_p = q_engine if counts is None else policy.estimate_k(
+                    counts, q_engine, PRIOR_DRAFTS)
+                by_problem[st.problem] = q_p
+            out.append(policy.estimate_k(st.est, q_p, PRIOR_DRAFTS) if st.est.proposed
+                       else q_p)
+        return out
+
+    def _phase(self, live, num_tokens_no_spec, token_ids_cpu, drafts) -> None:
+        """Phase-aware drafting (:func:`policy.phase_budgets`): the draft length per request
+        that makes the next step cheapest per generated token on the step-cost model, at
+        this step's batch and mean context, from each request's acceptance estimate
+        (Eq. 3's k) and within its policy's budget (fixed 2b, class 0/b/2b, Eq. 7).
+
+        First with the budgets as caps (if nothing pays, nothing is drafted: the tree is
+        not even asked); then the tree drafts the requests that got a length, and the
+        rule runs again with what the tree actually had (a draft can stop early: no
+        match, or the cumulative-probability cutoff) and the drafts are cut to it."""
+        batch, context = self._batch, self._context
+        curve = [self.cost.uniform_ms(batch, 1 + k, context) for k in range(self.k_max + 1)]
+        step_ms = curve.__getitem__
+        caps = [self._room(st, b, int(num_tokens_no_spec[i]))
+                for (i, st), b in zip(live, self._budgets(live, 1.0))]
+        q = self._acceptance(live)
+        ks = policy.phase_budgets(step_ms, batch, q, caps)
+        probe = False
+        if not any(ks):
+            self._undrafted += 1
+            if self._undrafted < PROBE_EVERY:
+                self._log_phase(batch, context, q, caps, ks, False)
+                return
+            # fresh acceptance evidence: the requests with the fewest drafts so far
+            self._undrafted, probe = 0, True
+            order = sorted(range(len(live)), key=lambda j: live[j][1].est.proposed)
+            ks = [0] * len(live)
+            for j in order[:PROBE_ROWS]:
+                ks[j] = caps[j]
+        else:
+            self._undrafted = 0
+        rows = [j for j, k in enumerate(ks) if k > 0]
+        self._draft([live[j] for j in rows], [caps[j] for j in rows], num_tokens_no_spec,
+                    token_ids_cpu, drafts)
+        got = [len(drafts[live[j][0]]) for j in rows]
+        if not probe:
+            ks = policy.phase_budgets(step_ms, batch, [q[j] for j in rows], got)
+            for j, k in zip(rows, ks):
+                i = live[j][0]
+                drafts[i] = drafts[i][:k]
+            q = [q[j] for j in rows]
+            self._log_phase(batch, context, q, got, ks, False)
+        else:
+            self._log_phase(batch, context, [q[j] for j in rows], got, got, True)
+
+    def _room(self, st: RequestState, budget: int, n: int) -> int:
+        """``budget`` within what a request with ``n`` tokens may still verify (the model
+        length, its max_tokens; one token of each step is the sampled one)."""
+        return max(0, min(budget, self.max_model_len - n - 1, st.max_tokens - st.generated - 1))
+
+    def _log_phase(self, batch, context, q, caps, ks, probe: bool) -> None:
+        drafted = sum(ks)
+        t = self.phase_totals
+        t["decisions"] += 1
+        t["drafting"] += drafted > 0
+        t["probes"] += probe
+        t["drafts"] += drafted
+        self.phase_log.append(PhaseStep(self._steps, batch, context, tuple(q), tuple(caps),
+                                        tuple(ks), self._verified, probe))
 
     # ------------------------------------------------------------------ requests
     def _state(self, rid: str, runner: Any, batch: Any, i: int) -> RequestState | None:
@@ -359,7 +500,7 @@ class DASProposer:
         todo = []
         for (i, st), b in zip(live, budgets):
             n = int(num_tokens_no_spec[i])
-            b = min(b, self.max_model_len - n - 1, st.max_tokens - st.generated - 1)
+            b = self._room(st, b, n)
             if b <= 0:
                 continue
             tree = self.store.problems.get(st.problem)
@@ -399,8 +540,13 @@ class DASProposer:
             "acceptance_rate": t.accepted / t.proposed if t.proposed else 0.0,
             "mean_accepted_per_verification": t.accepted / verifications if verifications else 0.0,
             "n_fwd_recent_rounds": list(self.n_fwd_log),   # T_short is their mean
+            "phase": dict(self.phase_totals),               # batch_cap="phase" decisions
             "per_step": [list(x) for x in self.verify_log],
         }
+
+    def phase(self) -> list[dict]:
+        """The recent phase-aware decisions (:class:`PhaseStep`, oldest first)."""
+        return [asdict(x) for x in self.phase_log]
 
     def prebuild(self, problem_id: str, rollouts, prompt_token_ids=None) -> int:
         self.sync()

@@ -1,4 +1,4 @@
-"""DAS tree API on the worker: prebuild, clear, stats (``worker_extension_cls``).
+"""DAS tree API on the worker: prebuild, clear, stats, phase (``worker_extension_cls``).
 
 A DAS engine's trees live in its drafter, inside the worker process.  vLLM's
 ``worker_extension_cls`` adds these methods to the worker so the client reaches them
@@ -31,3 +31,9 @@ class DASWorkerExtension:
     def das_stats(self) -> dict[str, Any]:
         """Trees, memory, and acceptance: totals and per verification step."""
         return self._das().stats()
+
+    def das_phase(self) -> list[dict[str, Any]]:
+        """The drafter's recent phase-aware decisions (``batch_cap="phase"``): per step the
+        batch, mean context, and per drafting request its acceptance estimate, draft cap
+        and chosen length."""
+        return self._das().phase()
