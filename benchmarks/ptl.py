@@ -4,9 +4,9 @@
 
 For each batch size b it decodes b requests in lockstep (``ignore_eos``) for two output
 lengths and takes PTL(b) = (t(T2) - t(T1)) / (T2 - T1), the time of one decode step
-with prefill cancelled out.  It fits the three-piece linear curve of App. A
-(:class:`vllm_rl.control.darts.PTLCurve`) and writes points and curve as JSON, ready for
-the rollout cost model (Eq. 4) and the adaptive budget (Eq. 6-9).
+with prefill cancelled out.  It fits the project's one step-cost model to the points
+(:class:`vllm_rl.cost.OnlineCost`, read as PTL(B) by ``StepCost.ptl``: DARTS's Eq. 4 and
+Eq. 6-9 plan with it) and writes points and fit as JSON.
 """
 from __future__ import annotations
 
@@ -56,16 +56,24 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "ptl.json"))
     args = ap.parse_args()
 
-    from vllm_rl.control.darts import PTLCurve
+    from vllm_rl.cost import OnlineCost
     from vllm_rl.llm import LLM
 
     llm = LLM(args.model, seed=0, max_model_len=1024)
     points = measure(llm, [int(s) for s in args.sizes.split(",")], args.t1, args.t2, args.repeats)
-    curve = PTLCurve.from_points(points)
-    print(f"three-piece fit: breakpoints {curve.breakpoints}, rmse {curve.rmse * 1e3:.3f} ms")
+    # the project's one PTL model: a step-cost model (here fitted to these decode steps,
+    # as the engine's OnlineCost fits its own) read as PTL(B) (StepCost.ptl)
+    cost = OnlineCost()
+    context = (args.t1 + args.t2) // 2
+    for b, ptl in points:
+        cost.observe([1] * b, [context] * b, ptl * 1e3)
+    fitted = cost.ptl(context)
+    for b, ptl in points:
+        print(f"bsz {b:5d}  measured {ptl * 1e3:8.3f} ms  cost model {fitted(b):8.3f} ms")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"points": points, "curve": curve.to_dict()}, indent=2))
+    out.write_text(json.dumps({"points": points, "context": context,
+                               "fitted_ms": {b: fitted(b) for b, _ in points}}, indent=2))
     print(f"wrote {out}")
 
 

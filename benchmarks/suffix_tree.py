@@ -1,4 +1,4 @@
-"""Micro-benchmark of the DAS suffix tree (``vllm_rl.spec.SuffixTree``, DAS Sec. 4.1.2).
+"""Micro-benchmark of the DAS suffix tree (``vllm_rl.das.SuffixTree``, DAS Sec. 4.1.2).
 
     python benchmarks/suffix_tree.py [--sizes 10000,100000,1000000] [--depth 64] [--out PATH]
 
@@ -71,7 +71,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vllm_rl.spec import SuffixTree  # noqa: E402
+from vllm_rl.das import SuffixTree  # noqa: E402
 
 DRAFT_TOKENS, MIN_PROB = 8, 0.1
 N_CONTEXTS, N_GROWING = 2000, 16

@@ -12,7 +12,7 @@ with hidden dimension 128"; the sigmoid maps its logit to a score in [0, 1], App
   ``backend=`` or the ``VLLM_RL_HEAD_BACKEND`` env var (``auto`` | ``torch`` |
   ``triton``) forces one (the keyword wins over the env var).
 
-Weights as :class:`vllm_rl.control.arrol.QualityHead` holds them: ``w1 = fc1.weight``
+Weights as :class:`vllm_rl.arrol.head.QualityHead` holds them: ``w1 = fc1.weight``
 [D, H], ``b1 = fc1.bias`` [D], ``w2 = fc2.weight[0]`` [D], ``b2 = fc2.bias[0]`` (a 0-d
 tensor or a float). Triton is imported only when the Triton path runs, so this module
 imports (and its PyTorch path runs) where Triton is missing. It imports nothing from

@@ -14,8 +14,8 @@ import importlib
 import inspect
 from typing import Any, Callable
 
-MODULES = ("input_validation", "proposer_context", "cpu_spec_expand", "arrol_capture",
-           "output_metrics")
+MODULES = ("flags_admission", "das_proposer_context", "das_cpu_spec_expand", "arrol_capture",
+           "metrics_records")
 
 
 class PatchMismatch(RuntimeError):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install if needed, then run the main job: `vllm-rl bench`, the rollout benchmark on the
+# Install if needed, then run the main job: `vllm-rl bench`, one rollout step on the
 # embedded model (every technique and all combined vs stock vLLM, a few minutes; extra
-# arguments go to it: `bash scripts/rollout.sh --help`, `--full` for the whole matrix).
+# arguments go to it: `bash scripts/rollout.sh --help`; `train` etc. pick a benchmark).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh

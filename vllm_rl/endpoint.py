@@ -1,11 +1,11 @@
 """HTTP routes of the RL engine's server: a ``vllm.endpoint_plugins`` entry point.
 
-- ``POST /vllm_rl/arrol`` loads ARRoL head weights and/or a calibration into the running
-  server (the same as ``vllm_rl.LLM.arrol_update``); ``GET /vllm_rl/arrol`` returns the
-  head's version, shape, calibration and counts.
-- ``POST /vllm_rl/das/prebuild`` fills a problem's DAS tree with past rollouts (token ids,
-  or texts the server tokenizes); ``POST /vllm_rl/das/clear`` drops one tree or all;
-  ``GET /vllm_rl/das/stats`` gives trees, memory and acceptance (``vllm_rl.LLM.das_*``).
+- one route per RPC of the table (:data:`vllm_rl.rpc.METHODS`): ``POST /vllm_rl/arrol``
+  loads ARRoL head weights and/or a calibration (``arrol_update``), ``GET /vllm_rl/arrol``
+  returns the head's version, shape, calibration and counts; ``POST /vllm_rl/das/prebuild``
+  fills a problem's DAS tree with past rollouts (token ids, or texts the server
+  tokenizes), ``POST /vllm_rl/das/clear`` drops one tree or all, ``GET /vllm_rl/das/stats``
+  and ``GET /vllm_rl/das/phase`` report (``vllm_rl.LLM.das_*``).
 - ``POST /vllm_rl/reload_weights`` reloads the model's weights in place from disk (the
   served checkpoint, or ``{"path": ...}``: a local folder, same architecture) through the
   worker's own ``reload_weights``, then resets the prefix cache.  DAS trees and the ARRoL
@@ -31,7 +31,8 @@ import time
 from typing import Any
 
 # (no `from __future__ import annotations`: FastAPI reads the route annotations at runtime)
-UPDATE_KEYS = ("head", "calibration", "cold_start", "version")
+from vllm_rl.rpc import METHODS, Method
+
 RELOAD_MODES = ("wait", "abort", "keep")   # vLLM's pause_generation modes for requests in flight
 
 
@@ -58,6 +59,39 @@ def _check_weights_dir(path) -> None:
         raise ValueError(f"path {str(path)!r}: no *.safetensors / *.bin / *.pt weight files")
 
 
+def _route(method: Method, read_body, error):
+    """The HTTP handler of one RPC: body keys checked, texts tokenized (``das_prebuild``),
+    arguments prepared as on every other path (:meth:`vllm_rl.rpc.Method.call_args`),
+    ``collective_rpc``, rank 0's result (under ``method.result_key``)."""
+    from fastapi import Request
+
+    async def handler(raw: Request):
+        client = raw.app.state.engine_client
+        body = {}
+        if method.http[0] == "POST":
+            body, err = await read_body(raw, method.params + method.http_extra, method.required)
+            if err:
+                return err
+        try:
+            if method.name == "das_prebuild":
+                body = {**body, "rollouts": [_token_ids(client, r) for r in body["rollouts"]]}
+                if body.get("prompt_token_ids") is None and body.get("prompt") is not None:
+                    body["prompt_token_ids"] = _token_ids(client, body["prompt"])
+            args = method.call_args(**{k: v for k, v in body.items() if k in method.params})
+            result = (await client.collective_rpc(method.name, args=args))[0]
+        except Exception as e:        # no drafter / head on this engine, bad ids, bad head
+            return error(400, f"{method.name}: {e}")
+        if method.result_key is None:
+            return result
+        out = {method.result_key: result}
+        if method.name == "das_prebuild":
+            out = {"problem_id": str(body["problem_id"]), **out}
+        return out
+
+    handler.__name__ = method.name
+    return handler
+
+
 class RLEndpoints:
     """The plugin object vLLM instantiates (``EndpointPlugin`` protocol)."""
 
@@ -78,29 +112,6 @@ class RLEndpoints:
             return JSONResponse({"error": {"message": message, "code": status}},
                                 status_code=status)
 
-        @router.post("/vllm_rl/arrol")
-        async def arrol_update(raw: Request):
-            try:
-                body: Any = await raw.json()
-            except ValueError:
-                return _error(400, "body: a JSON object")
-            if not isinstance(body, dict) or set(body) - set(UPDATE_KEYS):
-                return _error(400, f"body: a JSON object with keys among {list(UPDATE_KEYS)}")
-            args = tuple(body.get(k, False if k == "cold_start" else None) for k in UPDATE_KEYS)
-            try:
-                version = (await raw.app.state.engine_client.collective_rpc(
-                    "arrol_update", args=args))[0]
-            except Exception as e:        # a bad head or calibration, or no ARRoL head
-                return _error(400, f"arrol_update: {e}")
-            return {"version": version}
-
-        @router.get("/vllm_rl/arrol")
-        async def arrol_info(raw: Request):
-            try:
-                return (await raw.app.state.engine_client.collective_rpc("arrol_info"))[0]
-            except Exception as e:
-                return _error(400, f"arrol_info: {e}")
-
         async def _body(raw: Request, keys: tuple[str, ...], required: tuple[str, ...] = ()):
             """The JSON object of a request (empty body: {}), or an error response."""
             data = await raw.body()
@@ -113,42 +124,9 @@ class RLEndpoints:
                                          + (f", {list(required)} required" if required else ""))
             return body, None
 
-        @router.post("/vllm_rl/das/prebuild")
-        async def das_prebuild(raw: Request):
-            body, err = await _body(raw, ("problem_id", "rollouts", "prompt",
-                                          "prompt_token_ids"), ("problem_id", "rollouts"))
-            if err:
-                return err
-            client = raw.app.state.engine_client
-            try:
-                rollouts = [_token_ids(client, r) for r in body["rollouts"]]
-                prompt = body.get("prompt_token_ids")
-                if prompt is None and body.get("prompt") is not None:
-                    prompt = _token_ids(client, body["prompt"])
-                added = (await client.collective_rpc(
-                    "das_prebuild", args=(str(body["problem_id"]), rollouts, prompt)))[0]
-            except Exception as e:        # no drafter, bad token ids
-                return _error(400, f"das_prebuild: {e}")
-            return {"problem_id": str(body["problem_id"]), "rollouts": added}
-
-        @router.post("/vllm_rl/das/clear")
-        async def das_clear(raw: Request):
-            body, err = await _body(raw, ("problem_id",))
-            if err:
-                return err
-            try:
-                dropped = (await raw.app.state.engine_client.collective_rpc(
-                    "das_clear", args=(body.get("problem_id"),)))[0]
-            except Exception as e:
-                return _error(400, f"das_clear: {e}")
-            return {"dropped": dropped}
-
-        @router.get("/vllm_rl/das/stats")
-        async def das_stats(raw: Request):
-            try:
-                return (await raw.app.state.engine_client.collective_rpc("das_stats"))[0]
-            except Exception as e:
-                return _error(400, f"das_stats: {e}")
+        for method in METHODS:                # one route per RPC of the table
+            router.add_api_route(method.http[1], _route(method, _body, _error),
+                                 methods=[method.http[0]], name=method.name)
 
         @router.post("/vllm_rl/reload_weights")
         async def reload_weights(raw: Request):

@@ -5,17 +5,18 @@ Build them with :func:`rl_params`; they travel unchanged over the offline API
 or ``extra_body={"vllm_xargs": ...}``).  Every technique is off unless its section is
 present; an absent field takes the paper's default.
 
-Flags are checked once, at submission (see ``patches/input_validation.py``): a bad flag
+Flags are checked once, at submission (see ``patches/flags_admission.py``): a bad flag
 raises :class:`FlagError` naming the flag and its allowed range, and only that request
 fails.  The engine parses the canonical form once per request into :class:`RLFlags`;
 its per-step loop never reads dicts.
 """
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 KEY = "vllm_rl"          # the key in SamplingParams.extra_args
 MAX_GROUP = 4096
@@ -122,6 +123,28 @@ class DartsFlags:
 
 MARKER_KINDS = ("math", "code", "qa")
 MAX_PATTERN = 256   # characters of a user marker pattern
+RE2_MAX_MEM = 1 << 20   # bytes RE2 may use for one compiled user pattern
+
+
+@functools.lru_cache(maxsize=256)
+def compile_user_pattern(pattern: str) -> Callable[[str], bool]:
+    """An RE2 detector for a user DUET pattern (``duet.pattern``); ValueError if it is
+    too long, empty or not RE2.  Cached: the check at submission and every sample of a
+    step share one compilation (:func:`vllm_rl.duet.markers.detector`)."""
+    if len(pattern) > MAX_PATTERN:
+        raise ValueError(f"pattern has {len(pattern)} characters")
+    if not pattern:
+        raise ValueError("pattern is empty")
+    import re2
+
+    options = re2.Options()
+    options.max_mem = RE2_MAX_MEM
+    options.log_errors = False
+    try:
+        compiled = re2.compile(pattern, options)
+    except re2.error as e:
+        raise ValueError(f"not an RE2 regular expression ({e})") from None
+    return lambda text: compiled.search(text) is not None
 
 DUET_FIELDS = {
     "marker": _Field(str, "math", choices=MARKER_KINDS),
@@ -172,15 +195,16 @@ class DasFlags:
 
     ``problem_id`` names the tree the request drafts from and feeds; left out, the front
     end sets it to the group id when the flags name one (``group.id``), else to the
-    prompt itself (:func:`vllm_rl.spec.config.default_problem_id`).  Trees carry across
+    prompt itself (:func:`vllm_rl.das.config.default_problem_id`).  Trees carry across
     steps only under a stable id: verl's ``uid`` is fresh every step, so send the
-    dataset index (or leave the group unnamed and let the prompt key the tree).  ``policy`` sets the draft budget
-    per verification round: ``"class"`` the length classes of Sec. 4.2.3 (0 / b / 2b),
-    ``"optimal"`` Eq. 7 from online acceptance estimates, ``"fixed"`` always 2b (the
-    budget-agnostic baseline of Sec. 5.3); left out, the engine's ``DASConfig.policy``
-    (``"fixed"``: with the cost-model batch cap it was the fastest on the H100 table, see
-    ``benchmarks/gpu_step.py``), written into the request's flags at submission.  ``budget`` is b (default: the engine's),
-    ``min_prob`` the draft's cumulative-probability cutoff (default: the engine's, 0.1).
+    dataset index (or leave the group unnamed and let the prompt key the tree).
+    ``policy`` sets the draft budget per verification round: ``"class"`` the length
+    classes of Sec. 4.2.3 (0 / b / 2b), ``"optimal"`` Eq. 7 from online acceptance
+    estimates, ``"fixed"`` always 2b (the budget-agnostic baseline of Sec. 5.3); left
+    out, the engine's ``DASConfig.policy`` (``"fixed"``, chosen on the H100 projection,
+    ``docs/benchmarks.md``), written into the request's flags at submission.  ``budget``
+    is b (default: the engine's), ``min_prob`` the draft's cumulative-probability cutoff
+    (default: the engine's, 0.1).
     The engine must have been started with DAS (``vllm_rl.LLM(das=True)``).
     """
 
@@ -275,8 +299,6 @@ def _duet(raw: dict[str, Any]) -> dict[str, Any]:
     if d["k1"] is not None and d["k2"] is not None and d["k1"] > d["k2"]:
         raise FlagError("duet.k1", f"{d['k1']} > duet.k2 {d['k2']}", f"int in [0, {d['k2']}] (K1 <= K2)")
     if d["pattern"] is not None:
-        from vllm_rl.engine.policies.markers import compile_user_pattern
-
         try:
             compile_user_pattern(d["pattern"])
         except ValueError as e:

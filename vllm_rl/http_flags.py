@@ -1,14 +1,14 @@
 """Reject bad ``vllm_rl`` flags before an HTTP response starts: an ASGI middleware the
 endpoint plugin (:mod:`vllm_rl.endpoint`) installs on vLLM's API server.
 
-Why here: the engine-side check (``patches/input_validation.py``) runs when the engine
+Why here: the engine-side check (``patches/flags_admission.py``) runs when the engine
 admits a request.  For a streamed request vLLM has sent its 200 headers by then, so a
 bad flag could only come back as an error event inside the stream.  This middleware
 reads the JSON body of ``POST /v1/completions`` and ``POST /v1/chat/completions``
 (streamed or not) and runs the same checks first: :func:`vllm_rl.flags.extract` and
 :func:`~vllm_rl.flags.normalize` with the request's ``n``, then the checks that depend
 on the engine, which the server knows from its ``vllm_config``: DAS flags on an engine
-without the drafter or a budget above its b (:func:`vllm_rl.spec.config.check_engine`),
+without the drafter or a budget above its b (:func:`vllm_rl.das.config.check_engine`),
 and ARRoL flags on an engine without a head (:func:`vllm_rl.arrol.config.check_engine`).
 A bad flag gets status 400 and vLLM's own error JSON, built the same way as the engine
 side's (``create_error_response(VLLMValidationError(..., parameter="vllm_rl.<flag>"))``):
@@ -46,7 +46,7 @@ def check_body(body: Any, vllm_config: Any = None) -> None:
     ``vllm_xargs`` not an object, ``n`` not an integer) is left to vLLM."""
     from vllm_rl.arrol.config import check_engine as check_arrol
     from vllm_rl.flags import extract, normalize
-    from vllm_rl.spec.config import check_engine as check_das
+    from vllm_rl.das.config import check_engine as check_das
 
     if not isinstance(body, dict) or not isinstance(body.get("vllm_xargs"), dict):
         return

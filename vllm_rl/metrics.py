@@ -1,7 +1,7 @@
 """RL counters on vLLM's Prometheus registry: what the techniques did, on ``/metrics``.
 
 Every sample of a request with ``vllm_rl`` flags is counted once, when its final output
-passes the front end (``patches/output_metrics.py``): the process that serves
+passes the front end (``patches/metrics_records.py``): the process that serves
 ``/metrics`` (the API server; the offline ``vllm_rl.LLM`` and ``AsyncLLM`` count in
 their own process).  The engine's record (:class:`~vllm_rl.outcome.RolloutInfo`, in the
 output's ``stop_reason``) gives reason, length and the techniques' fields; a flagged

@@ -6,8 +6,8 @@ The engine writes a compact record into the finished request's ``stop_reason``
 without RL flags gets no record and keeps vLLM's own ``stop_reason``.
 
 Group-level marks that only exist once the whole group is back (DARTS dual-end
-selection) are added on the client side by :func:`annotate_group`, which
-``vllm_rl.LLM`` calls for you.
+selection) are added on the client side by :func:`vllm_rl.darts.rule.annotate_group`,
+which ``vllm_rl.LLM`` calls for you.
 """
 from __future__ import annotations
 
@@ -91,8 +91,6 @@ class RolloutInfo:
         float32 numpy vector, or None."""
         if self.hidden is None:
             return None
-        from vllm_rl.arrol.scorer import decode_hidden
-
         return decode_hidden(self.hidden)
 
     @property
@@ -135,39 +133,19 @@ class RolloutInfo:
                    length=len(tokens), stop=choice.get("stop_reason"))
 
 
+def decode_hidden(text: str):
+    """A hidden state from its wire form: base64 of float32 little-endian (the worker's
+    ``vllm_rl.arrol.scorer.encode_hidden``), as a numpy vector."""
+    import base64
+
+    import numpy as np
+
+    return np.frombuffer(base64.b64decode(text), dtype="<f4")
+
+
 def _stock_reason(finish_reason: str | None, stop_reason: Any) -> Reason:
     if finish_reason == "length":
         return Reason.LENGTH
     if finish_reason == "abort":
         return Reason.ABORT
     return Reason.STOP if isinstance(stop_reason, str) else Reason.EOS
-
-
-def annotate_group(infos: list[RolloutInfo], size: int, k: int,
-                   early_stop: bool) -> list[RolloutInfo]:
-    """Mark the training group of one prompt's samples (DARTS Alg. 2).
-
-    Early stop: the engine stopped the group once its M shortest valid samples were
-    known (ties: the earlier finisher); they are ``selected`` as ``"shortest"``.  A
-    valid sample that finished but is longer than those stays unselected (weight 0);
-    samples cut at the length limit fill a group with fewer than M valid; cancelled,
-    DUET-aborted and ARRoL-pruned ones never do.  Dual-end: the ``k`` shortest valid samples and
-    the ``size - k`` longest valid ones (never one cut at the length limit,
-    Sec. 4.1.2) are selected.  Unselected samples get weight 0.
-    """
-    from vllm_rl.engine.policies.darts import dual_end_selection, shortest_selection
-
-    lengths = [i.length for i in infos]
-    valid = [i.valid for i in infos]
-    if early_stop:
-        excluded = [i.reason in (Reason.DARTS_CANCELLED, Reason.DUET_ABORTED,
-                                 Reason.ARROL_PRUNED) for i in infos]
-        marks = shortest_selection(lengths, valid, size, excluded,
-                                   [i.finish_rank for i in infos])
-    else:
-        marks = dual_end_selection(lengths, valid, size, k)
-    out = []
-    for info, mark in zip(infos, marks):
-        out.append(replace(info, selected=mark is not None, selection=mark,
-                           weight=info.weight if mark is not None else 0.0))
-    return out

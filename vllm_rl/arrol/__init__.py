@@ -1,16 +1,29 @@
-"""ARRoL in the engine: the quality head on the worker, its settings and its updates.
+"""ARRoL, "Prune as You Generate" (Xu, Chen et al., arXiv:2603.24840): a quality head
+scores each partial rollout at ``l_detect`` and the engine prunes it with a calibrated survival
+probability, steering each group toward a target share of correct answers.
 
-Paper: "ARRoL" (``shared/seeds/003``), Sec. 4.2-4.3, App. A.4-A.5.
+In the engine:
 
-- :mod:`vllm_rl.arrol.config`: :class:`ArrolConfig` (engine-level: the head's initial
-  weights and calibration), submission checks, the runner check;
-- :mod:`vllm_rl.arrol.scorer`: :class:`HeadScorer`, on the worker: picks the rows whose
-  ``l_detect``-th token the step computes, scores them in one call
-  (:func:`vllm_rl.kernels.score_rows`), decides with the calibration (Eq. 1-2) and a
-  seeded coin, and hands the verdicts to the scheduler with the step's output;
-- :mod:`vllm_rl.arrol.worker`: ``arrol_update`` / ``arrol_info`` on the worker
-  (``collective_rpc``), the way head weights and calibrations arrive while serving.
+- :mod:`.rule`: the pure rule (Eq. 1 posterior, Eq. 2 survival, the seeded coin, the
+  composed κ of a DARTS group) and the verdict a scored sample carries;
+- :mod:`.scorer`: :class:`~.scorer.HeadScorer` on the worker (rows at ``l_detect``, trace
+  features, one head call per step, verdicts with the step's output);
+- :mod:`.config`: :class:`~.config.ArrolConfig` (the engine's head and calibration),
+  submission and runner checks;
+- :mod:`.worker`: ``arrol_update`` / ``arrol_info`` on the worker.
 
-The pure rule is :mod:`vllm_rl.engine.policies.arrol`; the trainer side (the head
-module, its training, the calibration buffer, δ) is :mod:`vllm_rl.control.arrol`.
+On the trainer's side:
+
+- :mod:`.head`: :class:`~.head.QualityHead` and :class:`~.head.HeadTrainer` (Sec. 4.2-4.3);
+- :mod:`.calibration`: the calibration buffer, δ and the cold start (App. A.4);
+- :mod:`.controller`: :class:`~.controller.ArrolFeedback`, Alg. 1 l.3-8 between steps for
+  every trainer (clean labels, fitting over the buffer, the held-out AUC gate);
+- :mod:`.measures`: Spearman, AUC, trace confidence, weighted voting (Sec. 4.4).
+
+The public names of these modules are importable from the package itself (lazily).
 """
+from __future__ import annotations
+
+from vllm_rl.lazy import exports
+
+__getattr__ = exports(__name__, ("rule", "head", "calibration", "controller", "measures", "config"))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllm_rl import WORKER_EXTENSION_CLS
@@ -17,11 +17,11 @@ RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 class ArrolConfig:
     """The quality head an ARRoL engine starts with (Sec. 4.2, App. A.4).
 
-    ``head``: the head's state as :meth:`vllm_rl.control.arrol.QualityHead.export`
+    ``head``: the head's state as :meth:`vllm_rl.arrol.head.QualityHead.export`
     writes it (a dict, or the path of a JSON file holding one); left out, the engine
     starts with a head initialised from ``seed`` (``width`` hidden units, ``activation``)
     — the untrained head of a trainer's first step.  ``calibration``: a
-    :class:`vllm_rl.engine.policies.arrol.Calibration` as a dict; left out, the engine
+    :class:`vllm_rl.arrol.rule.Calibration` as a dict; left out, the engine
     is in its cold start: samples are scored and recorded, never pruned (the paper's
     first 20 steps), until the trainer pushes one with ``arrol_update``.
     """
@@ -38,13 +38,13 @@ class ArrolConfig:
         if not 1 <= self.width <= 4096:
             raise ValueError(f"ArrolConfig.width={self.width}: allowed int in [1, 4096]")
         if self.calibration is not None:
-            from vllm_rl.engine.policies.arrol import Calibration
+            from vllm_rl.arrol.rule import Calibration
 
             Calibration.from_dict(self.calibration)      # a bad one fails at start
 
     @classmethod
     def of(cls, value: "ArrolConfig | dict | bool") -> "ArrolConfig":
-        from vllm_rl.control.checks import settings_of
+        from vllm_rl.checks import settings_of
 
         return settings_of(cls, value, "arrol")
 
@@ -106,3 +106,6 @@ def check_engine(canonical: dict[str, Any], vllm_config: Any) -> None:
         raise FlagError("arrol", "this engine was started without an ARRoL quality head",
                         "an engine started with vllm_rl.LLM(arrol=...), "
                         "engine_args(arrol=...) or vllm_rl.serve --arrol")
+
+
+__all__ = ["ArrolConfig", "check_engine", "check_runner", "use_v1_runner", "v1_runner_env"]

@@ -15,7 +15,7 @@ Trace features: until a sample is scored, every step also reads the raw logits r
 its new tokens (before the sampler divides them by the temperature in place) and adds
 each kept token's log-probability and its distribution's entropy to the sample's running
 sums; at ``l_detect`` the head may read their mean / minimum / mean entropy
-(:data:`~vllm_rl.engine.policies.arrol.TRACE_FEATURES`) beside the hidden state, and the
+(:data:`~vllm_rl.arrol.rule.TRACE_FEATURES`) beside the hidden state, and the
 verdict carries them to the record.  A token counts once it is the sample's own: a draft
 only if accepted.  With vLLM's async output the sampled ids stay on the device; their
 log-probabilities are gathered there, copied without blocking and added at the next step.
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from vllm_rl.arrol.config import ArrolConfig
-from vllm_rl.engine.policies import arrol as rule
+from vllm_rl.arrol import rule
 from vllm_rl.flags import KEY, ArrolFlags, parse
 
 OUTPUT_ATTR = "vllm_rl_arrol"
@@ -126,12 +126,6 @@ def encode_hidden(h: torch.Tensor) -> str:
                             .tobytes()).decode("ascii")
 
 
-def decode_hidden(text: str):
-    import numpy as np
-
-    return np.frombuffer(base64.b64decode(text), dtype="<f4")
-
-
 def _tensor(x: Any, shape: tuple[int, ...], name: str, device, dtype=torch.float32):
     t = torch.as_tensor(x, dtype=dtype)
     if tuple(t.shape) != shape:
@@ -185,7 +179,7 @@ class HeadScorer:
         if cfg.head is not None:
             state = load_head_state(cfg.head)
         else:
-            from vllm_rl.control.arrol import QualityHead
+            from vllm_rl.arrol.head import QualityHead
 
             torch.manual_seed(cfg.seed)
             state = QualityHead(hidden_size, cfg.width, cfg.activation).export(0)
@@ -195,7 +189,7 @@ class HeadScorer:
     # ------------------------------------------------------------------ updates
     def _build(self, state: dict, version: int) -> Head:
         """Checked weights on the runner's device, no calibration."""
-        from vllm_rl.control.arrol import check_head_state
+        from vllm_rl.arrol.head import check_head_state
 
         check_head_state(state, hidden_size=self.hidden_size)
         width = int(state["width"])

@@ -1,222 +1,399 @@
-"""One rollout step on an engine's step loop: the measuring core of the rollout benchmarks.
+"""``vllm-rl bench step``: one RL rollout step per configuration, against stock vLLM.
 
-A :class:`Config` says how one configuration produces its training groups (engine kind,
-samples per prompt, flags); :func:`run_once` drives an ``LLM``'s step loop over one rollout
-step and returns a :class:`Run` (wall, tokens, engine steps, group completion times, the
-training group's reward and length, the techniques' counts, and with a step trace the
-projected GPU time and the batch over the step); :func:`summarize` takes medians over
-repeats and ratios to the stock baselines.  ``vllm-rl bench`` (:mod:`vllm_rl.bench.quick`)
-and ``benchmarks/rollout.py`` both run on it.
+Two in-process engines on the same model (:mod:`.engines`): stock vLLM (its own
+scheduler, with the step trace only) and the RL engine (RL scheduler, DAS drafter, ARRoL
+head).  The step is run as a trainer runs it:
+
+1. **Previous steps** (untimed, two): M samples per prompt on the RL engine, with DAS
+   (each problem's tree fills) and ARRoL scoring.  From their records: DARTS's length
+   statistics per prompt (:class:`vllm_rl.darts.DartsPlanner`), DUET's K1/K2 as the
+   engine's own estimate would give them (p30/p80 of the natural lengths, cut-short
+   samples censored: :func:`vllm_rl.duet.rule.km_quantile`), and ARRoL's head and
+   calibration (:class:`vllm_rl.arrol.ArrolFeedback`: the second step's scores are the
+   held-out check of the head the first one trained).
+2. **The timed step**: every configuration (:mod:`.matrix`) on the same prompts with the
+   same seeds, interleaved with the stock baselines, ``--repeats`` times.
+
+Each run's engine steps are priced on a GPU step-cost table (``--cost``; a projection,
+:mod:`vllm_rl.cost`), beside the CPU wall; ``--gpu-limits`` gives the engines an H100's
+scheduler limits, so batch shapes are the GPU's.  Reported per configuration: tokens,
+engine steps, the training group (samples, mean reward and length), the learning-signal
+diagnostics of :func:`vllm_rl.integrations.common.advantages.step_diagnostics`, and the
+speed-up over ``stock-M`` (CPU and projected).  Output: a table, a JSON file and two PNGs
+(length CDF; running samples over the step) in ``--out``, vLLM's log in
+``--out/vllm.log``.  ``vllm-rl bench`` with no subcommand is this benchmark at its quick
+defaults.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from vllm_rl.bench.matrix import CONFIGS, technique_flags
+
+EXTRA = ("darts-shortest", "das-off")      # ablations: uniform M' = 2M shortest; drafts off
 
 
-@dataclass(frozen=True)
-class Config:
-    """One way of producing the training groups of a step."""
-
-    name: str
-    engine: str                 # "stock" or "rl"
-    n: int                      # samples generated per prompt (M or M')
-    keep: int                   # samples per prompt that enter training (M)
-    flags: Callable[[int, int], dict] | None = None   # (M, M') -> extra_args
-    baseline: str | None = None  # the stock configuration it is compared with
-
-
-# DUET's answer marker for the embedded task: its completions end "\boxed{ N }" and EOS,
-# with no blank line after the box, so the built-in math marker would never fire.
-TASK_MARKER = r"\\boxed\{[^}]*\}"
-
-
-def configs(m: int, m_prime: int, duet_flags: dict | None = None) -> dict[str, Config]:
-    from vllm_rl import rl_params
-
-    def darts(mode: str):
-        return lambda mm, mp: rl_params(group={"size": mm}, darts={"mode": mode})
-
-    stock_big, stock_small = f"stock-{m_prime}", f"stock-{m}"
-    cfgs = [
-        Config(stock_big, "stock", m_prime, m_prime),
-        Config(stock_small, "stock", m, m),
-        Config("darts-shortest", "rl", m_prime, m, darts("shortest"), stock_big),
-        Config("darts-dual-end", "rl", m_prime, m, darts("dual_end"), stock_big),
-    ]
-    if duet_flags is not None:
-        cfgs.append(Config("duet", "rl", m, m, lambda mm, mp: rl_params(duet=duet_flags),
-                           stock_small))
-    return {c.name: c for c in cfgs}
+def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default=",".join(c for c in CONFIGS if c != "stock"),
+                    help=f"comma-separated, among {', '.join(CONFIGS[1:] + EXTRA)} (the "
+                         "stock baselines always run)")
+    ap.add_argument("--prompts", type=int, default=16, help="held-out prompts (default 16)")
+    ap.add_argument("--m", type=int, default=8, help="training group size M (default 8)")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--l-detect", type=int, default=24, help="ARRoL's l_detect (default 24)")
+    ap.add_argument("--darts-budget", type=float, default=1.5,
+                    help="DARTS's total redundancy, x M N (default 1.5, App. B)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="interleaved repeats; the table gives medians (default 1)")
+    ap.add_argument("--gpu-limits", action="store_true",
+                    help="engines with an H100's scheduler limits (max_num_seqs 1024, "
+                         "max_num_batched_tokens 16384): the GPU's batch shapes")
+    ap.add_argument("--kv-gib", type=float, default=1.0,
+                    help="KV cache per engine, GiB (3 holds 1024 sequences at "
+                         "max_tokens 256 on the embedded model)")
+    ap.add_argument("--cost", default="h100:qwen3-8b",
+                    help="the step-cost table the runs are priced on, and the DAS engine "
+                         "plans with (default h100:qwen3-8b)")
+    ap.add_argument("--model", default=None, help="model path (default: the embedded model)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="bench-results", help="folder for JSON, PNGs, vllm.log")
+    return ap
 
 
-def duet_thresholds(llm, prompts: list[str], max_tokens: int, seed: int) -> dict:
-    """DUET flags as a trainer would send them: K1 = p30 and K2 = p80 of the kept lengths
-    of a previous step (here an untimed calibration step, App. A.3), and G = 150 scaled
-    from the paper's 3072-token limit to this one."""
-    from vllm import SamplingParams
-
-    from vllm_rl.control.duet import percentile
-
-    outs = llm.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=max_tokens,
-                                                seed=seed), use_tqdm=False)
-    lengths = [len(c.token_ids) for o in outs for c in o.outputs if c.finish_reason == "stop"]
-    return {"k1": round(percentile(lengths, 30)), "k2": round(percentile(lengths, 80)),
-            "grace": max(1, round(150 * max_tokens / 3072)),
-            "eps": 0.05, "pattern": TASK_MARKER}
+# ----------------------------------------------------------------------------- the run
 
 
 @dataclass
 class Run:
+    """One configuration's rollout step."""
+
     config: str
     repeat: int
     wall_s: float
-    generated_tokens: int
+    tokens: int
     engine_steps: int
-    tokens_per_s: float
-    group_done_p50_s: float
-    group_done_p90_s: float
-    group_done_max_s: float
-    kept_samples: int
+    projected_ms: float
+    samples: int
+    kept: int
     kept_mean_reward: float
     kept_mean_length: float
-    projected_ms: float = 0.0        # the same engine steps priced on the H100 8B table
-    aborted_share: float = 0.0       # DUET: aborted at the gate
-    eps_kept_share: float = 0.0      # DUET: kept by the coin, weight 1/eps
     reasons: dict[str, int] = field(default_factory=dict)
-    samples: int = 0                 # completions returned (all n of every prompt)
-    kept_weight: float = 0.0         # sum of the training group's loss weights
-    draft_proposed: int = 0          # DAS: draft tokens verified
-    draft_accepted: int = 0          # DAS: draft tokens the model accepted
-    arrol_pruned: int = 0            # ARRoL: samples pruned at l_detect
-    lengths: list[int] = field(default_factory=list)        # every sample's length
-    kept_lengths: list[int] = field(default_factory=list)   # the training group's
-    batch_profile: list[int] = field(default_factory=list)  # sequences per engine step (trace)
-    step_wall_ms: list[float] = field(default_factory=list)  # each step's CPU wall (trace)
+    draft_proposed: int = 0
+    draft_accepted: int = 0
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    lengths: list[int] = field(default_factory=list)
+    batch_profile: list[int] = field(default_factory=list)
+    step_wall_ms: list[float] = field(default_factory=list)
 
 
-def run_once(llm, cfg: Config, prompts: list[str], m: int, seed: int, max_tokens: int,
-             repeat: int, cost=None) -> Run:
-    """Drive the engine's step loop over one rollout step; time each group's completion.
-
-    With ``cost`` (a :class:`vllm_rl.cost.StepCost`) the engine must be in-process with the
-    step trace on: the run's steps are priced with it, and the batch of each step kept."""
-    from vllm import SamplingParams
+def run_once(llm, name: str, params: list, prompts: list[str], repeat: int, cost) -> Run:
+    """Drive the engine's step loop over one rollout step (one request per prompt, its
+    own ``SamplingParams``) and read the records."""
     from vllm.sampling_params import RequestOutputKind
 
     from vllm_rl.engine.trace import engine_trace
+    from vllm_rl.integrations.common.advantages import group_advantages, step_diagnostics
+    from vllm_rl.integrations.common.marks import training_marks
     from vllm_rl.llm import attach_rollout_info
     from vllm_rl.task import reward
 
-    extra = cfg.flags(m, cfg.n) if cfg.flags else None
-    params = SamplingParams(n=cfg.n, temperature=1.0, max_tokens=max_tokens, seed=seed,
-                            extra_args=extra, output_kind=RequestOutputKind.FINAL_ONLY)
+    trace = engine_trace(llm)
+    mark = trace.mark()
     engine = llm.llm_engine
-    trace = engine_trace(llm) if cost is not None else None
-    mark = trace.mark() if trace is not None else 0
+    ids, outputs = {}, {}
     t0 = time.perf_counter()
-    ids = {}
-    for i, prompt in enumerate(prompts):
-        rid = f"{cfg.name}-{repeat}-{i}"
+    for i, (prompt, sp) in enumerate(zip(prompts, params)):
+        sp.output_kind = RequestOutputKind.FINAL_ONLY
+        rid = f"{name}-{repeat}-{i}"
         ids[rid] = i
-        engine.add_request(rid, prompt, params)
-    done: dict[int, float] = {}
-    outputs = [None] * len(prompts)
-    steps = 0   # the engine core sends one batch of outputs per engine step
+        engine.add_request(rid, prompt, sp)
     while engine.has_unfinished_requests():
-        steps += 1
         for out in engine.step():
-            if out.finished:  # FINAL_ONLY: one output per request, all n samples in it
-                i = ids[out.request_id]
-                outputs[i] = out
-                done[i] = time.perf_counter() - t0
+            if out.finished:
+                outputs[ids[out.request_id]] = out
     wall = time.perf_counter() - t0
-    step_trace = trace.since(mark) if trace is not None else None
-    projected = step_trace.project(cost).total_ms if step_trace is not None else 0.0
-    attach_rollout_info(outputs, [params] * len(outputs))
-    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    kept, reasons, eps_kept, weight, lengths, proposed, accepted = [], {}, 0, 0.0, [], 0, 0
-    for prompt, out in zip(prompts, outputs):
-        for c in out.outputs:
+    outs = [outputs[i] for i in range(len(prompts))]
+    attach_rollout_info(outs, params)
+    steps = trace.since(mark)
+    marks, rewards, groups, kept, lengths, reasons = [], [], [], [], [], {}
+    proposed = accepted = 0
+    for i, (prompt, out, sp) in enumerate(zip(prompts, outs, params)):
+        infos = [c.rollout_info for c in out.outputs]
+        flags = (sp.extra_args or {}).get("vllm_rl")
+        for c, mk in zip(out.outputs, training_marks(infos, [flags] * len(infos))):
+            r = reward(prompt, c.text)
             info = c.rollout_info
-            reasons[info.reason.value] = reasons.get(info.reason.value, 0) + 1
-            eps_kept += info.weight > 1.0
+            marks.append(mk)
+            rewards.append(r)
+            groups.append(i)
             lengths.append(len(c.token_ids))
+            reasons[info.reason.value] = reasons.get(info.reason.value, 0) + 1
             proposed += info.draft_proposed or 0
             accepted += info.draft_accepted or 0
-            if info.weight > 0:           # in the training group (stock: every sample)
-                kept.append((reward(prompt, c.text), len(c.token_ids)))
-                weight += info.weight
-    n_samples = len(lengths)
-    times = sorted(done.values())
-    q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
-    return Run(cfg.name, repeat, wall, tokens, steps, tokens / wall, statistics.median(times),
-               q[8], times[-1], len(kept),
-               statistics.mean(r for r, _ in kept) if kept else 0.0,
-               statistics.mean(n for _, n in kept) if kept else 0.0, projected,
-               reasons.get("duet_aborted", 0) / n_samples, eps_kept / n_samples, reasons,
-               n_samples, weight, proposed, accepted, reasons.get("arrol_pruned", 0),
-               lengths, [n for _, n in kept],
-               [len(w) for w, _ in step_trace.steps()] if step_trace is not None else [],
-               list(step_trace.wall_ms) if step_trace is not None else [])
+            if mk.keep:
+                kept.append((r, len(c.token_ids)))
+    diag = step_diagnostics(marks, group_advantages(rewards, marks, groups), groups)
+    return Run(name, repeat, wall, sum(lengths), len(steps), steps.project(cost).total_ms,
+               len(lengths), len(kept),
+               statistics.fmean(r for r, _ in kept) if kept else 0.0,
+               statistics.fmean(n for _, n in kept) if kept else 0.0, reasons, proposed,
+               accepted, diag, lengths, [len(w) for w, _ in steps.steps()],
+               list(steps.wall_ms))
 
 
-MEDIAN_KEYS = ("wall_s", "generated_tokens", "engine_steps", "tokens_per_s", "group_done_p50_s",
-               "group_done_p90_s", "group_done_max_s", "kept_samples", "kept_mean_reward",
-               "kept_mean_length", "projected_ms", "aborted_share", "eps_kept_share",
-               "draft_proposed", "draft_accepted", "arrol_pruned", "samples")
+# ----------------------------------------------------------------------------- the step
 
 
-def summarize(runs: list[Run], cfgs: dict[str, Config]) -> list[dict]:
-    by: dict[str, list[Run]] = {}
-    for r in runs:
-        by.setdefault(r.config, []).append(r)
-    med = {name: {k: statistics.median(getattr(r, k) for r in rs) for k in MEDIAN_KEYS}
-           for name, rs in by.items()}
-    rows = []
-    for name, s in med.items():
-        base = cfgs[name].baseline
-        row = {"config": name, **s, "repeats": len(by[name])}
-        for stock in [base] + [c for c in med if cfgs[c].engine == "stock" and c != base]:
-            if stock and stock in med:
-                row[f"wall_vs_{stock}"] = s["wall_s"] / med[stock]["wall_s"]
-                if s["projected_ms"]:
-                    row[f"h100_vs_{stock}"] = med[stock]["projected_ms"] / s["projected_ms"]
-                row[f"tokens_vs_{stock}"] = s["generated_tokens"] / med[stock]["generated_tokens"]
-        rows.append(row)
-    return rows
+def previous_steps(rl, prompts: list[str], args, planner, feedback) -> dict:
+    """Two untimed steps on the RL engine (module docstring): DAS trees, DARTS's length
+    statistics, DUET's K1/K2 and ARRoL's head.  Returns DUET's thresholds."""
+    from vllm import SamplingParams
+
+    from vllm_rl import Reason, rl_params
+    from vllm_rl.duet.rule import km_quantile
+    from vllm_rl.task import reward
+
+    observations = []
+    for step in range(2):
+        params = [SamplingParams(n=args.m, temperature=1.0, max_tokens=args.max_tokens,
+                                 seed=args.seed + 100_000 + 1000 * step + i,
+                                 extra_args=rl_params(das={"problem_id": p}, arrol={
+                                     "l_detect": args.l_detect, "return_hidden": True}))
+                  for i, p in enumerate(prompts)]
+        outs = rl.generate(prompts, params, use_tqdm=False)
+        infos, rewards = [], []
+        for prompt, out in zip(prompts, outs):
+            planner.observe({prompt: [len(c.token_ids) for c in out.outputs]})
+            for c in out.outputs:
+                infos.append(c.rollout_info)
+                rewards.append(reward(prompt, c.text))
+                observations.append((len(c.token_ids), c.rollout_info.reason is Reason.EOS,
+                                     1.0))
+        update = feedback.observe(infos, rewards)
+        if update is not None:
+            rl.arrol_update(**update)
+    k1 = km_quantile(observations, 0.30)
+    return {"k1": k1, "k2": max(k1, km_quantile(observations, 0.80))}
 
 
-COLUMNS = [  # (key, header, format)
-    ("config", "config", "{}"), ("wall_s", "wall s", "{:.2f}"),
-    ("generated_tokens", "tokens", "{:.0f}"), ("engine_steps", "steps", "{:.0f}"),
-    ("tokens_per_s", "tok/s", "{:.0f}"), ("group_done_p50_s", "grp p50 s", "{:.2f}"),
-    ("group_done_p90_s", "grp p90 s", "{:.2f}"), ("group_done_max_s", "grp max s", "{:.2f}"),
-    ("kept_mean_reward", "kept reward", "{:.3f}"), ("kept_mean_length", "kept len", "{:.1f}"),
-    ("projected_ms", "H100 8B ms (proj., --project)", "{:.0f}"),
-    ("aborted_share", "aborted", "{:.3f}"), ("eps_kept_share", "eps-kept", "{:.3f}"),
-]
+def step_params(name: str, prompts: list[str], args, plans: dict, duet: dict) -> list:
+    """Each prompt's ``SamplingParams`` under configuration ``name`` (same seeds for all)."""
+    from vllm import SamplingParams
 
+    from vllm_rl import rl_params
 
-def print_table(rows: list[dict]) -> None:
-    ratios = sorted({k for r in rows for k in r
-                     if k.startswith(("wall_vs_", "tokens_vs_", "h100_vs_"))})
-    cols = [c for c in COLUMNS if c[0] != "projected_ms"
-            or any(r.get("projected_ms") for r in rows)] + [(k, k, "{:.3f}") for k in ratios]
-    cells = [[h for _, h, _ in cols]]
-    cells += [[fmt.format(r[k]) if k in r else "" for k, _, fmt in cols] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    for row in cells:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                        for i, (c, w) in enumerate(zip(row, widths))))
+    def sp(i: int, n: int, extra):
+        return SamplingParams(n=n, temperature=1.0, max_tokens=args.max_tokens,
+                              seed=args.seed + 7919 * i, extra_args=extra)
 
-
-def interleave(stocks: list[Config], rls: list[Config]) -> list[Config]:
-    out = []
-    for i in range(max(len(stocks), len(rls))):
-        out += stocks[i:i + 1] + rls[i:i + 1]
+    m, out = args.m, []
+    for i, prompt in enumerate(prompts):
+        if name.startswith("stock"):
+            out.append(sp(i, int(name.split("-")[1]), None))
+            continue
+        if name == "darts-shortest":
+            out.append(sp(i, 2 * m, rl_params(group={"size": m}, darts={"mode": "shortest"})))
+            continue
+        if name == "das-off":
+            out.append(sp(i, m, rl_params(das={"problem_id": prompt, "budget": 0})))
+            continue
+        flags = technique_flags(name, args.max_tokens, args.l_detect, duet)
+        n = m
+        if "das" in flags:
+            flags["das"] = {**flags["das"], "problem_id": prompt}
+        if "darts" in flags:
+            plan = plans[prompt]
+            n = plan.n
+            flags["group"] = {"size": m, "redundant": n}
+            flags["darts"] = {"mode": plan.mode, "k": plan.k, "m_up": plan.m_up}
+        out.append(sp(i, n, rl_params(**flags)))
     return out
 
 
+def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dict:
+    ap = parser(prog)
+    args = ap.parse_args(argv)
+    names = [c for c in args.configs.split(",") if c and c != "stock"]
+    unknown = set(names) - set(CONFIGS[1:] + EXTRA)
+    if unknown:
+        ap.error(f"unknown configuration(s) {sorted(unknown)}; choose from "
+                 f"{', '.join(CONFIGS[1:] + EXTRA)}")
+    from vllm_rl.bench.engines import in_process
+
+    in_process()
+    t_start = time.perf_counter()
+    out_dir = Path(args.out)
+    from vllm_rl.bench.logs import vllm_log_to
+
+    log = vllm_log_to(out_dir / "vllm.log", announce=False)
+    from tqdm import tqdm
+
+    from vllm_rl.arrol import ArrolFeedback
+    from vllm_rl.bench.engines import rl_engine, shutdown, stock_engine
+    from vllm_rl.cost import load_cost
+    from vllm_rl.darts import DartsPlanner
+    from vllm_rl.task import MODEL_PATH, heldout_prompts
+
+    model = args.model or str(MODEL_PATH)
+    prompts = heldout_prompts(args.prompts)
+    bar = tqdm(total=4, desc="vllm-rl bench step", unit="stage", dynamic_ncols=True)
+    bar.set_postfix_str("starting engines (stock vLLM, RL)")
+    kv = int(args.kv_gib * (1 << 30))
+    stock = stock_engine(model, args.seed, args.gpu_limits, kv)
+    rl = rl_engine(model, args.seed, args.gpu_limits, kv, cost=args.cost)
+    cost = load_cost(args.cost)
+    bar.update(1)
+    bar.set_postfix_str("previous steps (DAS trees, DARTS lengths, DUET K1/K2, ARRoL head)")
+    planner = DartsPlanner(args.m, budget=args.darts_budget)
+    feedback = ArrolFeedback({"l_detect": args.l_detect}, cold_start_steps=0,
+                             gate_min=16, seed=args.seed)
+    duet = previous_steps(rl, prompts, args, planner, feedback)
+    plans = {p.prompt_id: p for p in planner.plan(prompts)}
+    from vllm import SamplingParams
+
+    stock.generate(prompts, SamplingParams(n=args.m, temperature=1.0,      # stock's warm-up
+                                           max_tokens=args.max_tokens, seed=args.seed + 99),
+                   use_tqdm=False)
+    bar.update(1)
+    stocks = [f"stock-{args.m}", f"stock-{2 * args.m}"]
+    order = [n for pair in zip(stocks + [None] * len(names), names + [None] * 2)
+             for n in pair if n]
+    plan = [(n, rep) for rep in range(args.repeats) for n in order]
+    bar.total += len(plan) - 1
+    runs = []
+    for name, rep in plan:
+        bar.set_postfix_str(f"{name} (repeat {rep + 1}/{args.repeats})")
+        llm = stock if name.startswith("stock") else rl
+        runs.append(run_once(llm, name, step_params(name, prompts, args, plans, duet),
+                             prompts, rep, cost))
+        bar.update(1)
+    bar.set_postfix_str("done")
+    bar.close()
+    shutdown(stock, rl)
+    rows = summarize(runs, stocks[0])
+    result = {"model": model, "args": vars(args), "duet": duet,
+              "arrol": feedback.metrics, "darts": {p: plans[p].n for p in prompts},
+              "summary": rows, "runs": [asdict(r) for r in runs],
+              "total_s": time.perf_counter() - t_start}
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"step-{stamp}.json"
+    path.write_text(json.dumps(result, indent=1))
+    pngs = pictures(runs, args, out_dir, stamp)
+    print(header(args, model, len(prompts), duet, feedback.metrics, plans))
+    print(table(rows, stocks[0]))
+    print(f"\nresults: {path}\npictures: {', '.join(str(p) for p in pngs)}\n"
+          f"vLLM's log: {log}\ntotal {result['total_s']:.0f} s")
+    return result
+
+
+# ----------------------------------------------------------------------------- report
+
+
+MEDIANS = ("wall_s", "tokens", "engine_steps", "projected_ms", "samples", "kept",
+           "kept_mean_reward", "kept_mean_length", "draft_proposed", "draft_accepted")
+DIAGNOSTICS = ("loss_samples_mean", "zero_adv_groups", "ess_fraction", "eps_weight_share")
+
+
+def summarize(runs: list[Run], base: str) -> list[dict]:
+    """Medians over repeats, and speed-ups over ``base`` (its time over the config's)."""
+    by: dict[str, list[Run]] = {}
+    for r in runs:
+        by.setdefault(r.config, []).append(r)
+    rows = []
+    for name, rs in by.items():
+        row = {"config": name, "repeats": len(rs),
+               **{k: statistics.median(getattr(r, k) for r in rs) for k in MEDIANS},
+               **{k: statistics.median(r.diagnostics.get(k, 0.0) for r in rs)
+                  for k in DIAGNOSTICS}}
+        reasons: dict[str, int] = {}
+        for r in rs:
+            for k, v in r.reasons.items():
+                reasons[k] = reasons.get(k, 0) + v
+        row["reasons"] = {k: v / len(rs) for k, v in reasons.items()}
+        rows.append(row)
+    b = next(r for r in rows if r["config"] == base)
+    for row in rows:
+        row["cpu_speedup"] = b["wall_s"] / row["wall_s"]
+        row["gpu_speedup"] = b["projected_ms"] / row["projected_ms"]
+    return rows
+
+
+def header(args, model: str, n_prompts: int, duet: dict, arrol: dict, plans: dict) -> str:
+    ns = [p.n for p in plans.values()]
+    shortest = sum(p.mode == "shortest" for p in plans.values())
+    auc = arrol.get("arrol/heldout_auc", float("nan"))
+    return (f"\n{model}\n{n_prompts} held-out prompts, M = {args.m} kept per prompt, "
+            f"max_tokens {args.max_tokens}, temperature 1, one step per configuration "
+            f"(median of {args.repeats}), interleaved with stock vLLM, in-process engines"
+            f"{' with H100 scheduler limits' if args.gpu_limits else ''}.\n"
+            f"Previous steps gave DARTS M' = {min(ns)}..{max(ns)} (mean {statistics.fmean(ns):.1f}"
+            f", {shortest} of {len(ns)} prompts saturated: shortest-only), DUET K1/K2 = "
+            f"{duet['k1']}/{duet['k2']}, ARRoL's head held-out AUC {auc:.2f} (gate "
+            f"{'open' if arrol.get('arrol/gate_open') else 'shut'}).\n"
+            f"'GPU ms' is a PROJECTION: the same engine steps priced on the {args.cost} "
+            f"step-cost table (not a GPU measurement); speed-ups are stock-{args.m}'s time "
+            f"over the configuration's.\n")
+
+
+COLUMNS = (("config", "config", "{}"), ("tokens", "tokens", "{:,.0f}"),
+           ("engine_steps", "steps", "{:.0f}"), ("kept", "kept", "{:.0f}"),
+           ("kept_mean_reward", "kept reward", "{:.3f}"),
+           ("kept_mean_length", "kept len", "{:.1f}"),
+           ("loss_samples_mean", "loss/grp", "{:.1f}"), ("zero_adv_groups", "0-adv grps", "{:.2f}"),
+           ("ess_fraction", "ESS/n", "{:.2f}"), ("wall_s", "CPU s", "{:.1f}"),
+           ("cpu_speedup", "CPU x", "{:.2f}"), ("projected_ms", "GPU ms (proj.)", "{:,.0f}"),
+           ("gpu_speedup", "GPU x (proj.)", "{:.2f}"), ("notes", "technique counts", "{}"))
+
+
+def notes(r: dict) -> str:
+    reasons, n = r["reasons"], max(r["samples"], 1)
+    out = []
+    for key, label in (("darts_cancelled", "cancelled"), ("duet_aborted", "duet aborted"),
+                       ("duet_trimmed", "trimmed"), ("arrol_pruned", "pruned")):
+        if reasons.get(key):
+            out.append(f"{label} {reasons[key] / n:.0%}")
+    if r.get("draft_proposed"):
+        out.append(f"drafts accepted {r['draft_accepted'] / r['draft_proposed']:.0%}")
+    return ", ".join(out)
+
+
+def table(rows: list[dict], base: str) -> str:
+    """A markdown table, one row per configuration."""
+    lines = ["| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+             "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        r = {**r, "notes": notes(r)}
+        lines.append("| " + " | ".join(fmt.format(r[k]) for k, _, fmt in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def pictures(runs: list[Run], args, out_dir: Path, stamp: str) -> list[Path]:
+    """The length CDF and running samples over the step (first repeat of each config)."""
+    from vllm_rl.bench import plots
+
+    first: dict[str, Run] = {}
+    for r in runs:
+        first.setdefault(r.config, r)
+    title = f"{args.prompts} prompts, M = {args.m}, max_tokens {args.max_tokens}"
+    cdf = plots.length_cdf({n: r.lengths for n, r in first.items()},
+                           out_dir / f"step-{stamp}-lengths.png",
+                           f"Generated length per sample, one rollout step ({title})",
+                           args.max_tokens)
+    by_step = {n: (list(range(len(r.batch_profile))), r.batch_profile)
+               for n, r in first.items()}
+    run = plots.running(by_step, out_dir / f"step-{stamp}-running.png",
+                        f"Samples running in each engine step of one rollout step ({title})",
+                        "engine step")
+    return [cdf, run]
+
+
+__all__ = ["Run", "main", "parser", "run_once", "summarize", "table"]

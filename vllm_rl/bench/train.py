@@ -42,8 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-CONFIGS = ("stock", "darts", "duet", "das", "arrol", "all")
-MARKER = r"\\boxed\{[^}]*\}"            # the embedded task's answer marker
+from vllm_rl.bench.matrix import CONFIGS, technique_flags
+
 COLORS = {"stock": "black", "darts": "tab:blue", "duet": "tab:orange", "das": "tab:green",
           "arrol": "tab:red", "all": "tab:purple"}
 
@@ -81,50 +81,25 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-# ----------------------------------------------------------------------------- configs
-
-
-def grace(max_tokens: int) -> int:
-    """DUET's G scaled to the response limit: App. A.3 uses 150 tokens at 3,072."""
-    return max(8, round(150 * max_tokens / 3072))
-
-
-def technique_flags(name: str, args) -> dict | None:
-    """The flags a configuration sends (None: stock)."""
-    darts = {"darts": {}}
-    duet = {"duet": {"pattern": MARKER, "grace": grace(args.max_tokens), "eps": 0.05}}
-    das = {"das": {}}
-    arrol = {"arrol": {"l_detect": args.l_detect, "return_hidden": True}}
-    return {"stock": None, "darts": darts, "duet": duet, "das": das, "arrol": arrol,
-            "all": {**darts, **duet, **das, **arrol}}[name]
-
-
 # ----------------------------------------------------------------------------- a worker
 
 
-def _engines(args, cache: dict):
+def _engines(cache: dict) -> dict:
     """The worker's two in-process engines, made once: stock vLLM (its own scheduler,
     traced) and the RL engine (DAS drafter, ARRoL head, traced)."""
     if not cache:
-        import vllm
-
-        from vllm_rl import LLM
-        from vllm_rl.engine.trace import CONFIG_KEY, TRACED_SCHEDULER_CLS
-        from vllm_rl.llm import CPU_KV_CACHE_BYTES
+        from vllm_rl.bench.engines import rl_engine, stock_engine
         from vllm_rl.task import MODEL_PATH
 
-        common = dict(seed=0, max_model_len=512)
-        cache["stock"] = vllm.LLM(str(MODEL_PATH), scheduler_cls=TRACED_SCHEDULER_CLS,
-                                  additional_config={CONFIG_KEY: True},
-                                  kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, **common)
-        cache["rl"] = LLM(das=True, arrol=True, trace=True, **common)
+        cache["stock"] = stock_engine(str(MODEL_PATH), max_model_len=512)
+        cache["rl"] = rl_engine(str(MODEL_PATH), max_model_len=512)
     return cache
 
 
 def _reset(llm, hidden_size: int) -> None:
     """A run starts from a clean RL engine: no trees, an untrained head scoring only,
     DUET's online thresholds from their cold start."""
-    from vllm_rl.control.arrol import QualityHead
+    from vllm_rl.arrol.head import QualityHead
     from vllm_rl.engine.trace import engine_scheduler
 
     llm.das_clear()
@@ -168,14 +143,14 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
 
     from vllm_rl.cost import load_cost
     from vllm_rl.engine.trace import engine_trace
-    from vllm_rl.integrations.common.feedback import ArrolFeedback
+    from vllm_rl.arrol.controller import ArrolFeedback
     from vllm_rl.integrations.trl.rollout import RolloutFunc, masked_reward
     from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
     from vllm_rl.outcome import Reason
     from vllm_rl.task import MODEL_PATH, reward, train_prompts
     from vllm_rl.weights import load_weights
 
-    flags = technique_flags(name, args)
+    flags = technique_flags(name, args.max_tokens, args.l_detect)
     llm = engines["stock" if flags is None else "rl"]
     model = AutoModelForCausalLM.from_pretrained(MODEL_PATH)
     hidden_size = model.config.hidden_size
@@ -270,7 +245,10 @@ def _worker(jobs, args_dict, queue) -> None:
     args = argparse.Namespace(**args_dict)
     from vllm_rl.bench.logs import vllm_log_to
 
-    vllm_log_to(Path(args.out) / "vllm.log", announce=False)
+    log = vllm_log_to(Path(args.out) / "vllm.log", announce=False)
+    sink = open(log, "a")                 # the worker prints nothing: progress is the parent's
+    os.dup2(sink.fileno(), 1)
+    os.dup2(sink.fileno(), 2)
     _quiet()
     import torch
 
@@ -279,7 +257,7 @@ def _worker(jobs, args_dict, queue) -> None:
     start_cache: dict = {}             # the step-0 accuracy: same weights, same eval samples
     for name, seed in jobs:
         try:
-            _engines(args, engines)
+            _engines(engines)
             result = run_one(name, seed, args, engines,
                              progress=lambda n, s, row: queue.put(("step", n, s, row)),
                              start_cache=start_cache)
@@ -439,7 +417,8 @@ def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
     ax.set_xlabel(f"cumulative rollout time, projected on {args.cost} (s)")
     bx.set_xlabel("GRPO step")
     for a in (ax, bx):
-        a.set_ylabel(f"held-out accuracy ({args.eval_prompts} prompts × {args.eval_samples}, T = 1)")
+        a.set_ylabel(f"held-out accuracy ({args.eval_prompts} prompts × "
+                     f"{args.eval_samples}, T = 1)")
         a.grid(alpha=0.3)
     ax.legend(fontsize=9, loc="lower right")
     seeds = max(s["seeds"] for s in summary.values())

@@ -12,9 +12,9 @@ SUBCOMMANDS = {   # name -> (module, one line of help)
               "the OpenAI-compatible server on the RL engine (vLLM's `serve`; every vllm "
               "serve option works; --das, --arrol, --stock)"),
     "bench": ("vllm_rl.cli.bench",
-              "the offline rollout benchmark: each technique and all combined vs stock vLLM "
-              "(minutes; --full for the whole matrix)"),
-    "serve-bench": ("vllm_rl.cli.serve_bench",
+              "the benchmarks: one rollout step per technique vs stock vLLM (the default, "
+              "minutes), time to accuracy (train), das, das-batch, arrol, overhead"),
+    "serve-bench": ("vllm_rl.bench.serve",
                     "RL-shaped load (N prompts x M samples) against a running server, this "
                     "project's or stock vLLM's; latency, group and step metrics as JSON + PNGs"),
 }
@@ -30,6 +30,7 @@ commands:
 `vllm-rl <command> --help` describes each one.  Examples:
 
   vllm-rl bench                              # the main job: every technique vs stock vLLM
+  vllm-rl bench train --quick                # time to accuracy, a smoke run
   vllm-rl serve --das --arrol --port 8000    # the server, embedded model, all techniques
   vllm-rl serve --stock --port 8001          # plain vLLM serve from the same install
   vllm-rl serve-bench --base-url http://localhost:8000 --techniques darts,duet

@@ -6,8 +6,8 @@ An engine step runs B sequences; sequence i computes wᵢ query tokens (1: decod
 views the controllers need:
 
 * DARTS (App. A, Eq. 4) costs a rollout with the per-token latency curve PTL(B), the
-  time of one decode step at batch B: :meth:`StepCost.ptl` returns it, a drop-in for
-  :class:`vllm_rl.control.darts.PTLCurve` in ``rollout_cost`` / ``cost_slope``.
+  time of one decode step at batch B: :meth:`StepCost.ptl` returns it, the one PTL the
+  project plans with (:mod:`vllm_rl.darts.budget`'s ``rollout_cost`` / ``cost_slope``).
 * DAS (Sec. 4.2.1, Eq. 1-2) costs a forward pass as T = c_base + c_tok · tokens; that
   is :class:`OnlineCost`'s a + b·T (plus c·A for attention work, A = Σ wᵢ(cᵢ + wᵢ)),
   fitted online to the engine's own steps.  :meth:`StepCost.verify_extra_ms` is the
@@ -28,13 +28,9 @@ Two sources:
 """
 from __future__ import annotations
 
-from vllm_rl.cost.model import (
-    OnlineCost,
-    Projection,
-    StepCost,
-    TableCost,
-    load_cost,
-    project,
-)
+from vllm_rl.cost.base import Projection, StepCost, project
+from vllm_rl.cost.load import load_cost
+from vllm_rl.cost.online import OnlineCost
+from vllm_rl.cost.table import TableCost
 
 __all__ = ["OnlineCost", "Projection", "StepCost", "TableCost", "load_cost", "project"]

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from vllm_rl.flags import GroupFlags, RLFlags
 
 if TYPE_CHECKING:
-    from vllm_rl.engine.policies.arrol import ArrolVerdict
-    from vllm_rl.engine.policies.duet import DuetState
+    from vllm_rl.arrol.rule import ArrolVerdict
+    from vllm_rl.duet.rule import DuetState
 
 
 @dataclass

@@ -40,8 +40,10 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_rl.arrol.config import check_runner
 from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
-from vllm_rl.engine.policies import darts, duet, markers
-from vllm_rl.engine.policies.arrol import ArrolVerdict
+from vllm_rl.darts import rule as darts
+from vllm_rl.duet import markers
+from vllm_rl.duet import rule as duet
+from vllm_rl.arrol.rule import ArrolVerdict
 from vllm_rl.engine.trace import TraceMixin
 from vllm_rl.flags import FlagError, extract, normalize, parse
 from vllm_rl.outcome import Reason, RolloutInfo
@@ -285,7 +287,7 @@ class RLSchedulerMixin(TraceMixin):
 
     def _duet_observe(self, member: Member, reason: Reason, length: int) -> None:
         """One DUET sample's end into its kind's natural-length window
-        (:class:`~vllm_rl.engine.policies.duet.OnlineThresholds`): an event if the model
+        (:class:`~vllm_rl.duet.rule.OnlineThresholds`): an event if the model
         (or its marker) ended it, right-censored if something cut it short; a coin's
         survivor weighted by its inverse propensity, a coin's casualty left out."""
         state = member.duet

@@ -23,7 +23,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-CONFIG_KEY = "vllm_rl_trace"
+from vllm_rl.settings import TRACE_KEY as CONFIG_KEY
 
 
 class StepTrace:

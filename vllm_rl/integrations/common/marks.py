@@ -32,7 +32,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from vllm_rl.flags import normalize, parse
-from vllm_rl.outcome import Reason, RolloutInfo, annotate_group
+from vllm_rl.darts.rule import annotate_group
+from vllm_rl.outcome import Reason, RolloutInfo
 
 
 @dataclass(frozen=True)

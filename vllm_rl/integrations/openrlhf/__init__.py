@@ -97,7 +97,7 @@ def check_settings(settings: Any, source: str = "settings") -> dict[str, Any]:
         raise ValueError(f"{source}: unknown keys {sorted(unknown)}; allowed {list(SETTINGS)}")
     if settings.get("engine") is not None and not isinstance(settings["engine"], dict):
         raise ValueError(f"{source}: 'engine' must be an object of vLLM engine keywords")
-    from vllm_rl.integrations.verl.policy import load_policy
+    from vllm_rl.integrations.common.policy import load_policy
 
     load_policy(settings)            # bad flags / policy fail here, in the driver
     return dict(settings)

@@ -6,7 +6,7 @@ methods: ``generate_responses``, ``generate``, ``get_num_unfinished_requests``,
 ``reset_prefix_cache``, ``sleep``, ``wake_up``, ``pause_generation``,
 ``resume_generation``) with these changes:
 
-* the engine is the RL engine: :func:`vllm_rl.llm.rl_engine_kwargs` from the settings'
+* the engine is the RL engine: :class:`vllm_rl.settings.EngineSettings` from the settings'
   ``das`` / ``arrol`` / ``cost`` / ``trace`` join OpenRLHF's engine keywords, the
   settings' ``engine`` keywords override OpenRLHF's (e.g. ``dtype`` on a CPU), and the
   worker extension is :class:`.worker.OpenRLHFRLWorkerExtension` (OpenRLHF's weight sync
@@ -15,7 +15,7 @@ methods: ``generate_responses``, ``generate``, ``get_num_unfinished_requests``,
   of the call one group: ``group.id`` fresh per call, ``redundant`` = ``num_samples``,
   ``size`` = the flags' ``group.size`` or ``num_samples``; ``das.problem_id`` =
   ``"prompt:<sha1 of the prompt text>"`` (stable across steps), when the engine has a
-  drafter.  The flags come from the policy of :mod:`vllm_rl.integrations.verl.policy`
+  drafter.  The flags come from the policy of :mod:`vllm_rl.integrations.common.policy`
   (``StaticPolicy`` unless the settings name one) and go on the first engine request of
   each sample (a multi-turn executor's later turns run as on stock vLLM);
 * every response dict comes back with its record and flags and with the training marks
@@ -55,7 +55,7 @@ from vllm_rl.integrations.openrlhf import (  # noqa: E402
     load_settings,
 )
 from vllm_rl.integrations.openrlhf.worker import WORKER_EXTENSION  # noqa: E402
-from vllm_rl.integrations.rpc import RLStateRPC  # noqa: E402
+from vllm_rl.integrations.common.rpc import RLStateRPC  # noqa: E402
 from vllm_rl.outcome import RolloutInfo  # noqa: E402
 
 OPENRLHF_WORKER = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"
@@ -84,10 +84,10 @@ def problem_id(prompt: Any) -> str:
 
 def engine_kwargs(kwargs: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     """OpenRLHF's actor keywords turned into the RL engine's (see the module docstring)."""
-    from vllm_rl.llm import _cpu, rl_engine_kwargs
+    from vllm_rl.settings import EngineSettings, on_cpu
 
     kwargs = dict(kwargs)
-    rl = rl_engine_kwargs(**{k: settings.get(k) for k in ENGINE_SETTINGS})
+    rl = EngineSettings.of(**{k: settings.get(k) for k in ENGINE_SETTINGS}).engine_kwargs()
     rl.pop("worker_extension_cls", None)
     if kwargs.get("worker_extension_cls") not in (None, OPENRLHF_WORKER, WORKER_EXTENSION):
         raise ValueError(f"worker_extension_cls={kwargs['worker_extension_cls']!r}: the RL "
@@ -101,7 +101,7 @@ def engine_kwargs(kwargs: dict[str, Any], settings: dict[str, Any]) -> dict[str,
                              f"the RL engine's {key}={value!r}")
         kwargs[key] = value
     kwargs.update(settings.get("engine") or {})
-    if _cpu() and kwargs.get("gpu_memory_utilization") is None:
+    if on_cpu() and kwargs.get("gpu_memory_utilization") is None:
         from vllm_rl.llm import CPU_KV_CACHE_BYTES
 
         kwargs.pop("gpu_memory_utilization", None)
@@ -120,7 +120,7 @@ class RLRolloutActor(RLStateRPC, _BASE):
             from vllm_rl.arrol.config import use_v1_runner
 
             use_v1_runner()             # this actor owns one engine: process-wide is scoped
-        from vllm_rl.integrations.verl.policy import load_policy
+        from vllm_rl.integrations.common.policy import load_policy
 
         self.rl_policy = load_policy(settings)
         passthrough = {k: kwargs.pop(k) for k in ("num_gpus", "full_determinism",
@@ -132,7 +132,7 @@ class RLRolloutActor(RLStateRPC, _BASE):
     # -- generation ------------------------------------------------------------------
     def rl_flags(self, prompt: Any, num_samples: int) -> dict | None:
         """The flags for the samples of one prompt (one group), or None (stock vLLM)."""
-        from vllm_rl.integrations.verl.policy import Sample
+        from vllm_rl.integrations.common.policy import Sample
 
         sample = Sample(uid=f"openrlhf-{uuid.uuid4().hex}", n=int(num_samples),
                         problem_id=problem_id(prompt))

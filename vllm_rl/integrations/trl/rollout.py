@@ -10,7 +10,7 @@ the function
 2. sends each distinct prompt once with ``n`` = M′ and the group's flags
    (``group.size`` = M, ``das.problem_id`` from ``problem_id(prompt)``).  With DARTS,
    M′ and the sampling mode come per prompt from a
-   :class:`~vllm_rl.integrations.common.planner.DartsPlanner` (Alg. 1 and Alg. 2: dual-end
+   :class:`~vllm_rl.darts.controller.DartsPlanner` (Alg. 1 and Alg. 2: dual-end
    unless the allocation saturates), unless ``redundant`` fixes one M′ for all,
 3. returns M completions per prompt with the real tokens and log-probs, in this order:
    the training group, then the samples whose reward only counts in the group baseline
@@ -28,7 +28,7 @@ the function
    * ``vllm_rl_record``: the :class:`~vllm_rl.outcome.RolloutInfo` wire string,
 
 4. with ARRoL and a ``reward`` function, trains the quality head between steps
-   (:class:`~vllm_rl.integrations.common.feedback.ArrolFeedback` on every sample of the
+   (:class:`~vllm_rl.arrol.controller.ArrolFeedback` on every sample of the
    step, the M′ − M left out included) and pushes it to the engine.
 
 :attr:`RolloutFunc.last` keeps the last step's records (for DUET's thresholds, the
@@ -99,7 +99,7 @@ class RolloutFunc:
 
     def _darts_planner(self, m: int):
         if self.planner is None and self.redundant is None:
-            from vllm_rl.integrations.common.planner import DartsPlanner
+            from vllm_rl.darts.controller import DartsPlanner
 
             self.planner = DartsPlanner(m)
         return self.planner if self.redundant is None else None

@@ -21,7 +21,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput  # noqa: E40
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop  # noqa: E402
 
 from vllm_rl.integrations.verl import FLAGS_KEY  # noqa: E402
-from vllm_rl.integrations.verl.policy import RolloutPolicy, Sample, load_policy  # noqa: E402
+from vllm_rl.integrations.common.policy import RolloutPolicy, Sample, load_policy  # noqa: E402
 from vllm_rl.integrations.verl.server import engine_settings  # noqa: E402
 
 _policies: dict[str, RolloutPolicy] = {}

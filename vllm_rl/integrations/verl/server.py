@@ -4,7 +4,7 @@
 ``AsyncLLM`` and its HTTP app) with four changes, each through one of verl's hook methods:
 
 * the engine is the RL engine: ``_preprocess_engine_kwargs`` adds
-  :func:`vllm_rl.llm.rl_engine_kwargs` from ``rollout.engine_kwargs.vllm_rl`` (``das``,
+  :class:`vllm_rl.settings.EngineSettings` from ``rollout.engine_kwargs.vllm_rl`` (``das``,
   ``arrol``, ``cost``, ``trace``) to verl's own ``rollout.engine_kwargs.vllm``;
 * the worker extension is :class:`.worker.VerlRLWorkerExtension`, verl's weight-sync
   extension and vllm_rl's DAS / ARRoL methods in one class;
@@ -33,7 +33,7 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import (  # noqa: E402
     vLLMReplica,
 )
 
-from vllm_rl.integrations.rpc import RLStateRPC  # noqa: E402
+from vllm_rl.integrations.common.rpc import RLStateRPC  # noqa: E402
 from vllm_rl.integrations.verl import NAME, RECORD_KEY, SETTINGS_KEY  # noqa: E402
 from vllm_rl.outcome import RolloutInfo  # noqa: E402
 
@@ -57,9 +57,9 @@ def engine_settings(rollout_config) -> dict[str, Any]:
 def rl_kwargs(settings: dict[str, Any]) -> dict[str, Any]:
     """vLLM engine keywords for the engine settings (the worker extension left to verl's
     hook, which combines both extensions)."""
-    from vllm_rl.llm import rl_engine_kwargs
+    from vllm_rl.settings import EngineSettings
 
-    kwargs = rl_engine_kwargs(**{k: settings.get(k) for k in ENGINE_SETTINGS})
+    kwargs = EngineSettings.of(**{k: settings.get(k) for k in ENGINE_SETTINGS}).engine_kwargs()
     kwargs.pop("worker_extension_cls", None)
     return kwargs
 

@@ -16,7 +16,7 @@ Two of verl's steps change (:mod:`.loss` says what each paper's estimator needs)
 
 With an ARRoL engine (``rollout.engine_kwargs.vllm_rl.arrol``) each step's records and
 rewards also train the quality head and its calibration
-(:class:`vllm_rl.integrations.common.feedback.ArrolFeedback`),
+(:class:`vllm_rl.arrol.controller.ArrolFeedback`),
 pushed to every replica's server (``RLHttpServer.arrol_update``) before the next rollout.
 
 verl branches on ``trainer_mode == "sync"`` for the synchronous semantics (its
@@ -39,7 +39,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from vllm_rl.integrations.common.advantages import step_diagnostics
-from vllm_rl.integrations.common.feedback import ArrolFeedback
+from vllm_rl.arrol.controller import ArrolFeedback
 from vllm_rl.integrations.verl import TRAINER_MODE
 from vllm_rl.integrations.verl.loss import mark_metrics, scale_rows, training_marks
 from vllm_rl.integrations.verl.server import engine_settings

@@ -1,0 +1,164 @@
+"""``vllm-rl serve`` on loopback: an OpenAI client with flags, ``vllm-rl serve-bench``
+against it (JSON fields, records, PNGs), the DAS and weight-reload routes."""
+import json
+import time
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import MAX_MODEL_LEN
+from server_fixture import call as _call, launch, stop
+from vllm_rl import Reason, RolloutInfo, rl_xargs
+from vllm_rl.task import MODEL_PATH
+
+pytestmark = pytest.mark.engine
+
+
+def _vllm_rl() -> list[str]:
+    """The installed console script (setup.py: ``vllm-rl = vllm_rl.cli:main``)."""
+    script = Path(sys.executable).parent / "vllm-rl"
+    assert script.exists(), "the vllm-rl console script is not installed (pip install -e .)"
+    return [str(script)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    cmd = [*_vllm_rl(), "serve", "--das", "--das-batch-cap", "linear", "--arrol", "--seed", "0",
+           "--max-model-len", str(MAX_MODEL_LEN)]
+    proc, base = launch(cmd, tmp_path_factory.mktemp("vllm-rl-serve") / "serve.log",
+                        "vllm-rl serve")
+    try:
+        yield base
+    finally:
+        stop(proc)
+
+
+
+def test_openai_client_with_flags(server, prompts):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server + "/v1", api_key="none")
+    model = client.models.list().data[0].id
+    resp = client.completions.create(
+        model=model, prompt=prompts[0], n=4, max_tokens=64, temperature=1.0, seed=3,
+        extra_body={"vllm_xargs": rl_xargs(group={"size": 2}, darts={"mode": "shortest"}),
+                    "return_token_ids": True})
+    infos = [RolloutInfo.from_openai_choice(c.model_dump()) for c in resp.choices]
+    assert len(infos) == 4 and len({i.group_id for i in infos}) == 1
+    assert all(i.group_id is not None for i in infos)
+
+
+def test_serve_bench_n_requests_sweep(server, tmp_path):
+    from vllm_rl.bench import serve as serve_bench
+
+    result = serve_bench.main(["--base-url", server, "--labels", "rl", "--prompts", "2",
+                               "--samples", "4", "--max-tokens", "48",
+                               "--techniques", "darts,duet,das,arrol",
+                               "--concurrency", "1,inf", "--out", str(tmp_path)])
+    assert [r["max_concurrency"] for r in result["runs"]] == [1, None]
+    for run in result["runs"]:
+        assert run["failed"] == 0 and run["num_requests"] == 2 and run["num_samples"] == 8
+        for key in ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms",
+                    "mean_tpot_ms", "median_itl_ms", "p99_e2el_ms", "makespan_s",
+                    "p90_group_completion_s", "total_output_tokens"):
+            assert run[key] >= 0, key
+        assert sum(run["samples_by_reason"].values()) == 8
+        assert run["selected_samples"] <= run["kept_samples"] <= 8
+        assert set(run["samples_by_reason"]) <= {r.value for r in Reason}
+        assert run["records"] == 8                 # every sample carried its RolloutInfo
+        assert run["total_output_tokens"] == sum(len(s["token_ids"]) for s in run["samples"])
+    saved = json.loads(next(tmp_path.glob("serve-bench-*.json")).read_text())
+    assert saved["runs"][0]["output_throughput"] == result["runs"][0]["output_throughput"]
+    assert len(list(tmp_path.glob("serve-bench-*-lengths.png"))) == 1
+    assert len(list(tmp_path.glob("serve-bench-*-running.png"))) == 1
+
+
+def test_serve_bench_single_requests_share_a_group(server, tmp_path):
+    from vllm_rl.bench import serve as serve_bench
+
+    result = serve_bench.main(["--base-url", server, "--prompts", "2", "--samples", "3",
+                               "--group-as", "single", "--max-tokens", "32",
+                               "--request-rate", "20", "--no-plots", "--out", str(tmp_path)])
+    (run,) = result["runs"]
+    assert run["num_requests"] == 6 and run["failed"] == 0 and run["completed"] == 6
+    assert run["records"] == 6 and run["request_rate"] == 20
+
+
+def test_das_routes(server, prompts):
+    status, resp = _call(server, "/vllm_rl/das/prebuild",
+                         {"problem_id": "cli-p1", "rollouts": ["1 + 2 = 3", [5, 6, 7, 8]],
+                          "prompt": prompts[0]})
+    assert status == 200 and resp == {"problem_id": "cli-p1", "rollouts": 2}
+    status, stats = _call(server, "/vllm_rl/das/stats")
+    assert status == 200 and "cli-p1" in stats["per_problem"]
+    assert _call(server, "/vllm_rl/das/prebuild", {"rollouts": []})[0] == 400
+    assert _call(server, "/vllm_rl/das/prebuild",
+                 {"problem_id": "x", "rollouts": [[1, "a"]]})[0] == 400
+    assert _call(server, "/vllm_rl/das/clear", raw=b"{oops")[0] == 400
+    status, resp = _call(server, "/vllm_rl/das/clear", {"problem_id": "cli-p1"})
+    assert status == 200 and resp == {"dropped": 1}
+    status, resp = _call(server, "/vllm_rl/das/clear", raw=b"")
+    assert status == 200 and resp["dropped"] >= 0
+
+
+def _greedy(server, prompt):
+    status, resp = _call(server, "/v1/completions", {
+        "model": _call(server, "/v1/models")[1]["data"][0]["id"], "prompt": prompt,
+        "max_tokens": 24, "temperature": 0.0})
+    assert status == 200, resp
+    return resp["choices"][0]["text"]
+
+
+def test_reload_weights_route(server, prompts):
+    before = _greedy(server, prompts[1])
+    status, resp = _call(server, "/vllm_rl/reload_weights", {})
+    assert status == 200 and resp["reloaded"] is True, resp
+    status, resp = _call(server, "/vllm_rl/reload_weights", {"path": str(MODEL_PATH)})
+    assert status == 200 and resp["path"] == str(MODEL_PATH), resp
+    for bad in ({"path": "/nonexistent/model"}, {"path": str(MODEL_PATH.parent)}, {"x": 1}):
+        status, resp = _call(server, "/vllm_rl/reload_weights", bad)   # checked, engine untouched
+        text = json.dumps(resp)
+        assert status == 400 and ("reload_weights" in text or "body" in text), resp
+    assert _greedy(server, prompts[1]) == before       # the same weights, reloaded
+
+
+def test_reload_weights_route_with_requests_in_flight(server, prompts):
+    """The reload pauses the engine the way the caller asks: "wait" lets the requests in
+    flight finish whole (no abort), "abort" ends them with finish_reason "abort".  A
+    request sent while the "wait" reload is still draining is parked and served after it,
+    never refused (vLLM 0.33's own pause_generation answers it 503)."""
+    import threading
+
+    model = _call(server, "/v1/models")[1]["data"][0]["id"]
+    body = {"model": model, "prompt": prompts[2], "n": 8, "max_tokens": 256,
+            "temperature": 1.0, "seed": 4, "ignore_eos": True,      # long enough to catch
+            "vllm_xargs": rl_xargs(group={"size": 8})}
+    ended = {}
+    for mode in ("wait", "abort"):
+        box, reload = {}, {}
+        flight = threading.Thread(target=lambda: box.update(r=_call(server, "/v1/completions", body)))
+        flight.start()
+        time.sleep(0.5)
+        reloading = threading.Thread(target=lambda: reload.update(r=_call(
+            server, "/vllm_rl/reload_weights", {"mode": mode})))
+        reloading.start()
+        if mode == "wait":        # the reload waits for the flight: the engine is paused now
+            time.sleep(0.5)
+            assert reloading.is_alive(), "the reload ended before a request could arrive"
+            status, arrived = _call(server, "/v1/completions", {
+                "model": model, "prompt": prompts[3], "max_tokens": 16, "temperature": 0.0})
+            assert status == 200, arrived
+            assert arrived["choices"][0]["finish_reason"] in ("length", "stop"), arrived
+        reloading.join(timeout=300)
+        status, resp = reload["r"]
+        assert status == 200 and resp["mode"] == mode, resp
+        flight.join(timeout=300)
+        code, out = box["r"]
+        assert code == 200, out
+        ended[mode] = [(c["finish_reason"], RolloutInfo.from_openai_choice(c).reason)
+                       for c in out["choices"]]
+    assert all(reason is not Reason.ABORT for _, reason in ended["wait"])
+    assert ("abort", Reason.ABORT) in ended["abort"], ended["abort"]
+    status, resp = _call(server, "/vllm_rl/reload_weights", {"mode": "later"})
+    assert status == 400 and "mode" in json.dumps(resp)

@@ -1,0 +1,218 @@
+"""The ``vllm serve`` way in: flags through ``vllm_xargs``, records in the response, HTTP 400.
+
+A bad flag is a real HTTP 400 on ``/v1/completions`` and ``/v1/chat/completions``,
+streamed or not: ``vllm_rl.http_flags`` checks the flags before vLLM starts the
+response (``vllm_rl/endpoint.py`` installs it), so no 200 headers and no in-stream
+error event.
+"""
+import http.client
+import json
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import MAX_MODEL_LEN
+from server_fixture import call as _call, launch, stop
+from vllm_rl import Reason, RolloutInfo, rl_xargs, server_args
+from vllm_rl.llm import CPU_KV_CACHE_BYTES
+from vllm_rl.task import MODEL_PATH
+
+pytestmark = pytest.mark.engine
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    # vLLM's own `serve` subcommand, through vllm_rl.serve (the `vllm` script of the CPU
+    # wheel cannot find its distribution metadata; see vllm_rl/serve.py).
+    # The embedded model has no chat template: a plain one for /v1/chat/completions.
+    folder = tmp_path_factory.mktemp("server")
+    (folder / "chat.jinja").write_text(CHAT_TEMPLATE)
+    cmd = [sys.executable, "-m", "vllm_rl.serve", str(MODEL_PATH), "--seed", "0",
+           "--max-model-len", str(MAX_MODEL_LEN),
+           "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES), *server_args(arrol=True),
+           "--arrol", "--chat-template", str(folder / "chat.jinja")]
+    proc, base = launch(cmd, folder / "serve.log", "vllm serve")
+    try:
+        yield base
+    finally:
+        stop(proc)
+
+
+def _post(base, body):
+    return _call(base, "/v1/completions", body)
+
+
+def _body(prompt, **kw):
+    return {"model": str(MODEL_PATH), "prompt": prompt, "temperature": 1.0, "max_tokens": 256,
+            "seed": 1, **kw}
+
+
+def test_server_runs_a_darts_group_and_returns_records(server, prompts):
+    status, resp = _post(server, _body(prompts[0], n=8, return_token_ids=True,
+                                       vllm_xargs=rl_xargs(group={"size": 4},
+                                                           darts={"mode": "shortest"})))
+    assert status == 200, resp
+    infos = [RolloutInfo.from_openai_choice(c) for c in resp["choices"]]
+    assert len(infos) == 8 and len({i.group_id for i in infos}) == 1
+    for c, info in zip(resp["choices"], infos):
+        assert info.length == len(c["token_ids"])
+        if info.reason is Reason.DARTS_CANCELLED:
+            assert c["finish_reason"] == "abort" and info.weight == 0.0
+    if any(i.reason is Reason.DARTS_CANCELLED for i in infos):
+        assert sum(i.valid for i in infos) == 4
+
+
+def test_server_dotted_flags_are_the_same_schema(server, prompts):
+    xargs = {"vllm_rl.group.size": 4, "vllm_rl.darts.mode": "shortest"}
+    status, resp = _post(server, _body(prompts[1], n=8, vllm_xargs=xargs))
+    assert status == 200, resp
+    assert all(RolloutInfo.decode(c["stop_reason"]) for c in resp["choices"])
+
+
+def test_server_rejects_bad_flags_with_400_and_keeps_serving(server, prompts):
+    result = {}
+    slow = threading.Thread(target=lambda: result.update(
+        ok=_post(server, _body(prompts[2], n=4, max_tokens=200, ignore_eos=True))))
+    slow.start()
+    time.sleep(0.2)
+    for xargs, flag in [({"vllm_rl.darts.mode": "longest"}, "darts.mode"),
+                        (rl_xargs(group={"size": 4}, darts={"k": 2}) | {"vllm_rl.darts.k": 9}, "darts.k"),
+                        ({"vllm_rl": "{oops"}, "vllm_rl")]:
+        status, resp = _post(server, _body(prompts[3], n=4, vllm_xargs=xargs))
+        assert status == 400, resp
+        assert f"'{flag}'" in json.dumps(resp) and "allowed" in json.dumps(resp)
+        for route in ROUTES:        # streamed: the same 400, not a stream with an error
+            status, _, text = _open(server, route, _request(route, prompts[3], n=4,
+                                                            stream=True, vllm_xargs=xargs))
+            assert status == 400 and f"'{flag}'" in text, text
+    slow.join(timeout=120)
+    status, resp = result["ok"]
+    assert status == 200 and all(len(c["text"]) > 0 for c in resp["choices"])
+
+
+
+def test_server_arrol_route_flags_and_records(server, prompts):
+    """ARRoL over HTTP: calibration pushed through POST /vllm_rl/arrol, flags through
+    vllm_xargs, scores, survival probabilities and hidden states in the records."""
+    from vllm_rl.arrol.rule import BINS
+
+    status, info = _call(server, "/vllm_rl/arrol")
+    assert status == 200 and info["calibrated"] is False
+    cal = {"pos": [0] * BINS, "neg": [0] * BINS, "alpha": 1.0, "prior": 0.5, "delta": 0.0,
+           "bins": BINS}
+    status, resp = _call(server, "/vllm_rl/arrol", {"calibration": cal})
+    assert status == 200, resp
+    version = resp["version"]
+    status, resp = _call(server, "/vllm_rl/arrol", {"calibration": {**cal, "alpha": -1}})
+    assert status == 400 and "alpha" in json.dumps(resp)
+    status, resp = _post(server, _body(prompts[5], n=8, max_tokens=64, vllm_xargs=rl_xargs(
+        arrol={"l_detect": 16, "return_hidden": True})))
+    assert status == 200, resp
+    infos = [RolloutInfo.from_openai_choice(c) for c in resp["choices"]]
+    scored = [i for i in infos if i.length > 16]
+    assert scored and all(i.head_version == version and i.p == 0.5 for i in scored)
+    assert all(i.hidden_state().shape == (info["hidden_size"],) for i in scored)
+    assert all((i.reason is Reason.ARROL_PRUNED) == i.pruned for i in scored)
+    status, resp = _post(server, _body(prompts[5], n=2, vllm_xargs={"vllm_rl.arrol.rho": 3}))
+    assert status == 400 and "'arrol.rho'" in json.dumps(resp)
+    assert _call(server, "/vllm_rl/arrol", {"cold_start": True})[0] == 200
+
+
+# ------------------------------------------------------- a real 400 before any stream
+def _request(route, prompt, **kw):
+    """A completions or chat-completions body for ``prompt``."""
+    where = {"messages": [{"role": "user", "content": prompt}]} if "chat" in route \
+        else {"prompt": prompt}
+    return {"model": str(MODEL_PATH), **where, "temperature": 1.0, "seed": 1, **kw}
+
+
+def _open(base, route, body):
+    """POST ``body``: (status, Content-Type, the whole response text).  The status and
+    headers are the first bytes the server sends: a 400 here was never a 200 stream."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        conn.request("POST", route, json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("Content-Type", ""), resp.read().decode()
+    finally:
+        conn.close()
+
+
+def _events(text):
+    """The ``data:`` payloads of a server-sent event stream, ``[DONE]`` included."""
+    return [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+
+
+BAD = [  # (vllm_xargs, n, the flag the 400 names)
+    ({"vllm_rl": json.dumps({"group": {"size": 2}, "darts": {"mode": "longest"}})}, 2,
+     "darts.mode"),                                         # the JSON-string form
+    ({"vllm_rl.duet.eps": 1.5}, 1, "duet.eps"),             # the dotted form
+    ({"vllm_rl.group.redundant": 3}, 2, "group.redundant"),  # checked against n
+    (rl_xargs(group={"size": 2}, darts={"k": 1}) | {"vllm_rl.darts.k": 9}, 2, "darts.k"),
+    ({"vllm_rl": "{oops"}, 1, "vllm_rl"),                   # not JSON
+    ({"vllm_rl.das.budget": 2}, 1, "das"),                  # this server has no drafter
+]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "not_streamed"])
+def test_server_bad_flag_is_http_400_before_the_response(server, prompts, route, streamed):
+    for xargs, n, flag in BAD:
+        body = _request(route, prompts[6], n=n, max_tokens=8, stream=streamed,
+                        vllm_xargs=xargs)
+        status, ctype, text = _open(server, route, body)
+        assert status == 400 and ctype.startswith("application/json"), (flag, status, text)
+        err = json.loads(text)["error"]              # vLLM's ErrorResponse, not an SSE event
+        assert err["code"] == 400 and err["type"] == "BadRequestError", err
+        assert f"'{flag}'" in err["message"] and "allowed" in err["message"], err
+        assert err["param"] == f"vllm_rl.{flag}", err
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_server_good_flags_still_stream(server, prompts, route):
+    """Valid flags, both forms: 200, an event stream with a chunk per token and
+    ``[DONE]``, both samples finished, each with its record (completions)."""
+    for xargs in (rl_xargs(group={"size": 2}, darts={"mode": "shortest"}),
+                  {"vllm_rl.group.size": 2, "vllm_rl.darts.mode": "shortest"}):
+        body = _request(route, prompts[7], n=2, max_tokens=16, stream=True, vllm_xargs=xargs)
+        status, ctype, text = _open(server, route, body)
+        assert status == 200 and ctype.startswith("text/event-stream"), (status, text)
+        events = _events(text)
+        assert events[-1] == "[DONE]" and len(events) > 2, events
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert not any("error" in c for c in chunks), chunks
+        ends = {c["index"]: c for ch in chunks for c in ch["choices"] if c.get("finish_reason")}
+        assert sorted(ends) == [0, 1], chunks
+        if "chat" not in route:
+            infos = [RolloutInfo.decode(c["stop_reason"]) for c in ends.values()]
+            assert all(infos) and len({i.group_id for i in infos}) == 1, infos
+
+
+def test_server_openai_client_gets_bad_request_error(server, prompts):
+    """The OpenAI client, flags in ``extra_body={"vllm_xargs": ...}``: a bad flag raises
+    ``BadRequestError`` (status 400) from ``create`` itself, streamed too; a good
+    streamed chat completion still yields its chunks."""
+    import openai
+
+    client = openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0)
+    bad = {"vllm_xargs": {"vllm_rl.arrol.rho": 3}}
+    calls = [lambda s: client.completions.create(model=str(MODEL_PATH), prompt=prompts[8],
+                                                 max_tokens=8, stream=s, extra_body=bad),
+             lambda s: client.chat.completions.create(
+                 model=str(MODEL_PATH), max_tokens=8, stream=s, extra_body=bad,
+                 messages=[{"role": "user", "content": prompts[8]}])]
+    for create in calls:
+        for streamed in (True, False):
+            with pytest.raises(openai.BadRequestError) as e:
+                create(streamed)
+            assert e.value.status_code == 400 and "'arrol.rho'" in str(e.value)
+    chunks = list(client.chat.completions.create(
+        model=str(MODEL_PATH), max_tokens=8, stream=True, seed=1,
+        messages=[{"role": "user", "content": prompts[8]}],
+        extra_body={"vllm_xargs": rl_xargs(duet=True)}))
+    assert chunks and chunks[-1].choices[0].finish_reason is not None

@@ -1,0 +1,49 @@
+"""DAS engine settings: validation, the engine arguments they imply, the server flags."""
+import json
+
+import pytest
+
+from vllm_rl.das.config import CONFIG_KEY, PROPOSER, DASConfig, prompt_problem_id
+
+
+def test_defaults_and_engine_kwargs():
+    cfg = DASConfig.of(True)
+    assert (cfg.budget, cfg.window, cfg.min_prob) == (4, 16, 0.1)
+    kw = cfg.engine_kwargs()
+    assert kw["speculative_config"] == {"method": "custom_class", "model": PROPOSER,
+                                        "num_speculative_tokens": 8}
+    assert kw["async_scheduling"] is False
+    assert kw["scheduler_cls"].endswith("RLSyncScheduler")
+    assert kw["additional_config"][CONFIG_KEY]["window"] == 16
+
+
+@pytest.mark.parametrize("bad", [{"budget": 0}, {"budget": 33}, {"window": 0},
+                                 {"max_depth": 1}, {"full_batch": 9, "off_batch": 8}, {"min_prob": 2.0},
+                                 {"c_tok_ms": 0.0}, {"history": 0},
+                                 {"windw": 3}])
+def test_bad_settings_are_rejected(bad):
+    with pytest.raises(ValueError):
+        DASConfig.of(bad)
+
+
+def test_prompt_problem_id_is_stable_and_distinct():
+    assert prompt_problem_id([1, 2, 3]) == prompt_problem_id((1, 2, 3))
+    assert prompt_problem_id([1, 2, 3]) != prompt_problem_id([1, 2, 4])
+    assert prompt_problem_id([1, 2, 3]).startswith("prompt:")
+
+
+def test_server_args_parse_into_a_das_engine():
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_rl import server_args
+
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", "m"] + server_args(das={"budget": 2}))
+    engine = AsyncEngineArgs.from_cli_args(args)
+    assert engine.speculative_config["method"] == "custom_class"
+    assert engine.speculative_config["num_speculative_tokens"] == 4
+    assert engine.additional_config[CONFIG_KEY]["budget"] == 2
+    assert engine.async_scheduling is False
+    assert engine.worker_extension_cls == "vllm_rl.worker.RLWorkerExtension"
+    assert json.loads(json.dumps(engine.additional_config))   # plain JSON travels

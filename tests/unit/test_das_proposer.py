@@ -1,0 +1,209 @@
+"""DASProposer's bookkeeping against a stand-in model runner (the engine tests cover vLLM).
+
+The runner here has only what the proposer reads: ``input_batch.req_ids`` /
+``num_prompt_tokens``, ``requests[rid].sampling_params`` / ``prompt_token_ids``, and the
+step's ``scheduled_spec_decode_tokens``.
+"""
+from types import SimpleNamespace
+
+import numpy as np
+
+from vllm_rl import rl_params
+from vllm_rl.das.config import CONFIG_KEY, PROPOSER
+from vllm_rl.das.drafter import DASProposer
+
+EOS = 0
+PROMPT = [7, 8, 9]
+
+
+def _proposer(**cfg):
+    spec = SimpleNamespace(method="custom_class", model=PROPOSER, num_speculative_tokens=8)
+    return DASProposer(SimpleNamespace(speculative_config=spec,
+                                       additional_config={CONFIG_KEY: cfg},
+                                       model_config=SimpleNamespace(max_model_len=512)))
+
+
+def _request(das=None, max_tokens=64):
+    params = SimpleNamespace(extra_args=rl_params(das=das) if das is not None else None,
+                             max_tokens=max_tokens, all_stop_token_ids={EOS},
+                             eos_token_id=EOS, ignore_eos=False)
+    return SimpleNamespace(sampling_params=params, prompt_token_ids=list(PROMPT))
+
+
+class Runner:
+    def __init__(self):
+        self.requests, self.rows = {}, []
+        self.tokens = {}
+
+    def add(self, rid, cached):
+        self.requests[rid] = cached
+        self.rows.append(rid)
+        self.tokens[rid] = list(cached.prompt_token_ids)
+
+    def drop(self, rid):
+        self.requests.pop(rid)
+        self.rows.remove(rid)
+
+    def step(self, proposer, sampled: dict, drafts: dict | None = None):
+        """One decode step: ``sampled[rid]`` are the tokens each row got."""
+        for rid, toks in sampled.items():
+            self.tokens[rid] += toks
+        self.input_batch = SimpleNamespace(
+            req_ids=list(self.rows),
+            num_prompt_tokens=np.array([len(PROMPT)] * len(self.rows)))
+        n = np.array([len(self.tokens[r]) for r in self.rows])
+        buf = np.zeros((max(len(self.rows), 1), 600), dtype=np.int32)
+        for i, r in enumerate(self.rows):
+            buf[i, :n[i]] = self.tokens[r]
+        proposer.bind_step(self, SimpleNamespace(scheduled_spec_decode_tokens=drafts or {}))
+        out = proposer.propose([sampled.get(r, []) for r in self.rows], n, buf)
+        return dict(zip(self.rows, out))
+
+
+def test_only_das_rows_feed_trees_and_get_drafts():
+    p, runner = _proposer(), Runner()
+    runner.add("plain", _request())
+    runner.add("das", _request({"problem_id": "P", "policy": "fixed"}))
+    drafts = runner.step(p, {"plain": [5], "das": [5]})
+    assert drafts["plain"] == [] and p.requests["plain"] is None
+    assert list(p.store.problems) == ["P"]
+    assert list(p.store.sequences("P")) == [PROMPT + [5]]        # prompt tail + output
+
+
+def test_a_prebuilt_rollout_is_drafted_within_budget_and_max_tokens():
+    p, runner = _proposer(), Runner()
+    rollout = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+    p.prebuild("P", [rollout + [EOS]], PROMPT)
+    runner.add("r", _request({"problem_id": "P", "policy": "fixed"}, max_tokens=6))
+    drafts = runner.step(p, {"r": [11]})
+    # 2b = 8 tokens, but max_tokens 6 leaves 6 - 1 generated - 1 bonus = 4 to draft
+    assert drafts["r"] == [12, 13, 14, 15]
+
+
+def test_accepted_drafts_are_counted_per_step_and_problem():
+    p, runner = _proposer(), Runner()
+    p.prebuild("P", [[11, 12, 13, 14, 15, 16, 17, 18, 19, 20]], PROMPT)
+    runner.add("r", _request({"problem_id": "P", "policy": "fixed"}))
+    drafts = runner.step(p, {"r": [11]})
+    assert drafts["r"][:3] == [12, 13, 14]
+    runner.step(p, {"r": [12, 13, 99]}, drafts={"r": drafts["r"]})   # 2 accepted
+    stats = p.stats()
+    assert stats["per_step"] == [[1, len(drafts["r"]), 2]]
+    assert stats["per_problem"]["P"]["accepted"] == 2
+
+
+def test_a_natural_end_seals_at_once_and_ends_the_round():
+    p, runner = _proposer(), Runner()
+    runner.add("r", _request({"problem_id": "P"}))
+    runner.step(p, {"r": [5]})
+    runner.step(p, {"r": [6, EOS, 4]})               # tokens after EOS are not the sample's
+    assert p.store.problems["P"].growing == set()
+    assert list(p.store.sequences("P")) == [PROMPT + [5, 6, EOS]]
+    assert p.store.lengths("P") == [3]
+    assert p.stats()["n_fwd_recent_rounds"] == [2] and p.rounds == 1
+
+
+def test_a_cut_short_rollout_keeps_its_tokens_not_its_length():
+    p, runner = _proposer(), Runner()
+    runner.add("r", _request({"problem_id": "P"}))
+    runner.add("s", _request({"problem_id": "P"}))
+    runner.step(p, {"r": [5], "s": [5]})
+    runner.drop("r")                                  # cancelled by the scheduler
+    runner.step(p, {"s": [EOS]})
+    assert sorted(map(len, p.store.sequences("P"))) == [4, 5]
+    assert p.store.lengths("P") == [2]                # only the natural end
+
+
+def test_a_reused_request_id_starts_a_new_rollout():
+    p, runner = _proposer(), Runner()
+    runner.add("r", _request({"problem_id": "P"}))
+    runner.step(p, {"r": [5, 6]})
+    runner.drop("r")
+    runner.add("r", _request({"problem_id": "Q"}))    # same id, a new request
+    runner.step(p, {"r": [8]})
+    assert list(p.store.sequences("P")) == [PROMPT + [5, 6]]
+    assert list(p.store.sequences("Q")) == [PROMPT + [8]]
+
+
+# ------------------------------------------------ batch_cap="phase" (the H100 table)
+
+
+def _phase_proposer():
+    spec = SimpleNamespace(method="custom_class", model=PROPOSER, num_speculative_tokens=8)
+    return DASProposer(SimpleNamespace(
+        speculative_config=spec,
+        additional_config={CONFIG_KEY: {"batch_cap": "phase"}, "vllm_rl_cost": "h100:qwen3-8b"},
+        model_config=SimpleNamespace(max_model_len=512)))
+
+
+def _rule(p, decision):
+    """What das.caps.phase_budgets says for a logged decision (same table, same inputs)."""
+    from vllm_rl.das.caps import phase_budgets
+
+    curve = [p.cost.uniform_ms(decision["batch"], 1 + k, decision["context"]) for k in range(9)]
+    return phase_budgets(curve.__getitem__, decision["batch"], list(decision["q"]),
+                         list(decision["caps"]))
+
+
+ROLLOUT = list(range(11, 40))
+
+
+def test_phase_cap_drafts_the_rules_length_in_the_tail():
+    """One request left: the table makes its width nearly free, so it drafts what the
+    rule gives at its acceptance estimate, cut from the tree's draft."""
+    p, runner = _phase_proposer(), Runner()
+    p.prebuild("P", [ROLLOUT + [EOS]], PROMPT)
+    runner.add("r", _request({"problem_id": "P"}, max_tokens=200))
+    drafts = runner.step(p, {"r": [11]})
+    (decision,) = p.phase()
+    assert decision["batch"] == 1 and decision["caps"] == (8,)      # the tree had 8
+    assert decision["k"] == tuple(_rule(p, decision)) and decision["k"][0] >= 6
+    assert drafts["r"] == ROLLOUT[1:1 + decision["k"][0]]
+    # accepted in full: the request's own estimate rises and it drafts the full budget
+    drafts = runner.step(p, {"r": drafts["r"] + [ROLLOUT[1 + len(drafts["r"])]]},
+                         drafts={"r": drafts["r"]})
+    decision = p.phase()[-1]
+    assert decision["verified"] == p.phase()[0]["k"][0]
+    assert decision["q"][0] > 0.5 and decision["k"] == (8,) and len(drafts["r"]) == 8
+
+
+def test_phase_cap_is_off_in_a_wide_batch_and_probes():
+    """600 running requests at the prior acceptance 0.5: no request drafts (the tree is not
+    asked) until PROBE_EVERY such steps, then PROBE_ROWS requests draft once."""
+    from vllm_rl.das.drafter import PROBE_EVERY, PROBE_ROWS
+
+    p, runner = _phase_proposer(), Runner()
+    rows = [f"r{i}" for i in range(600)]
+    for rid in rows:
+        p.prebuild(rid, [ROLLOUT + [EOS]], PROMPT)              # a problem per request
+        runner.add(rid, _request({"problem_id": rid}, max_tokens=200))
+    for step in range(PROBE_EVERY):
+        drafts = runner.step(p, {rid: [ROLLOUT[step]] for rid in rows})
+        decision = p.phase()[-1]
+        assert decision["batch"] == 600
+        if step < PROBE_EVERY - 1:
+            assert not any(drafts.values()) and not decision["probe"]
+            assert not any(decision["k"]) and decision["k"] == tuple(_rule(p, decision))
+    assert decision["probe"] and sum(map(bool, drafts.values())) == PROBE_ROWS
+    assert p.stats()["phase"]["probes"] == 1
+
+
+def test_phase_cap_reads_the_trees_draft_length():
+    """The rule runs again on what the tree had: a tree that continues the context by three
+    tokens caps the request at three."""
+    p, runner = _phase_proposer(), Runner()
+    p.prebuild("P", [[11, 12, 13, 14]], PROMPT)
+    runner.add("r", _request({"problem_id": "P"}, max_tokens=200))
+    drafts = runner.step(p, {"r": [11]})
+    decision = p.phase()[-1]
+    assert decision["caps"] == (3,) and drafts["r"] == [12, 13, 14]
+
+
+def test_phase_cap_keeps_the_policy_budget_as_a_ceiling():
+    """das.budget lowers the ceiling; budget 0 (or a short length class) drafts nothing."""
+    p, runner = _phase_proposer(), Runner()
+    p.prebuild("P", [ROLLOUT + [EOS]], PROMPT)
+    runner.add("b1", _request({"problem_id": "P", "budget": 1}, max_tokens=200))
+    runner.add("b0", _request({"problem_id": "P", "budget": 0}, max_tokens=200))
+    drafts = runner.step(p, {"b1": [11], "b0": [11]})
+    assert len(drafts["b1"]) == 2 and drafts["b0"] == []          # fixed policy: 2b

@@ -1,0 +1,108 @@
+"""DUET's marker detectors and per-sample rule (pure functions)."""
+import pytest
+
+from vllm_rl.duet import rule as duet
+from vllm_rl.duet.markers import (code_marker, compile_user_pattern, detector,
+                                             math_marker, opening_fence, qa_marker)
+from vllm_rl.flags import DuetFlags
+
+BOX = "\\boxed{"
+
+
+@pytest.mark.parametrize("text", [
+    f"so {BOX}42}}\n\nThat is all.",
+    f"{BOX}\\frac{{1}}{{2}}}}\n\n",                  # nested braces
+    f"answer: {BOX}7}} is final:\n",                 # colon at end of line
+    f"first {BOX}3 wrong\n\n then {BOX}4}}\n  \n",   # first box unclosed, second fires
+])
+def test_math_marker_fires(text):
+    assert math_marker(text)
+
+
+@pytest.mark.parametrize("text", [
+    f"so {BOX}42",                                   # unclosed
+    f"so {BOX}42}}",                                 # closed, but not yet followed by anything
+    f"so {BOX}42}}\nmore text",                      # a single newline, then text
+    f"{BOX}\\frac{{1}}{{2}}\n\n",                    # inner braces close, box does not
+    f"{BOX}42}}: and more\n",                        # colon not at end of line
+    "no box at all\n\n",
+])
+def test_math_marker_near_misses(text):
+    assert not math_marker(text)
+
+
+def test_code_marker_needs_column_zero_and_the_prompt_fence():
+    detect = code_marker(opening_fence("Write it:\n```python\n"))
+    assert detect("def f():\n    return 1\n```\n")
+    assert not detect("def f():\n    ```\n")            # not at column zero
+    assert not detect("def f():\n```")                  # fence line not finished
+    long = code_marker(opening_fence("````python\n"))
+    assert not long("x = 1\n```\n") and long("x = 1\n````\n")
+
+
+def test_qa_marker():
+    assert qa_marker("think... <answer>12</answer>")
+    assert qa_marker("Therefore the answer is 12.")
+    assert not qa_marker("think... <answer>12")
+    assert not qa_marker("Therefore the answer is 12")    # sentence not finished
+
+
+def test_user_patterns_are_re2_and_bounded():
+    assert compile_user_pattern(r"= \d+ ;")("4 + 3 = 7 ;")
+    for bad in [r"(a)\1", r"(?=x)y", "x" * 300, "(", ""]:
+        with pytest.raises(ValueError):
+            compile_user_pattern(bad)
+    # A pattern that backtracks exponentially in Python's re is linear in RE2.
+    evil = compile_user_pattern(r"(a+)+$")
+    assert not evil("a" * 5000 + "b")
+    assert detector("math", r"xyz", "")("..xyz..")
+
+
+def _state(k1=0, k2=20, grace=10, eps=0.5, poll=8, coin=0.9):
+    """A state whose detector fires on the text "MARK"."""
+    flags = DuetFlags(marker="math", pattern=None, k1=k1, k2=k2, grace=grace, eps=eps, poll=poll)
+    return duet.DuetState(flags=flags, detector=lambda s: s == "MARK", k1=k1, k2=k2, coin=coin)
+
+
+def test_rule_polls_from_k1_every_poll_tokens_and_trims_at_the_marker():
+    state = _state(k1=10, poll=8, k2=1000)
+    polled = []
+    for t in range(1, 40):
+        action = duet.step(state, t, lambda t=t: polled.append(t) or ("MARK" if t >= 30 else ""))
+        if action:
+            break
+    assert polled == [10, 16, 24, 32]
+    assert action is duet.Action.TRIM and state.marker_pos == 32 and state.keep_prob == 1.0
+
+
+@pytest.mark.parametrize("coin, expected", [(0.9, duet.Action.ABORT), (0.1, None)])
+def test_gate_at_k2_plus_g_follows_the_coin(coin, expected):
+    state = _state(k2=20, grace=10, eps=0.5, coin=coin)
+    actions = [duet.step(state, t, lambda: "") for t in range(1, 31)]
+    assert actions[:29] == [None] * 29 and actions[29] is expected
+    assert state.keep_decided and state.keep_prob == 0.5
+    if expected is None:   # eps-kept: weight 1/eps, never trimmed or gated again
+        assert state.weight == 2.0
+        assert all(duet.step(state, t, lambda: "MARK") is None for t in range(31, 80))
+
+
+def test_coin_is_reproducible_from_the_seed_and_prompt_and_uniform():
+    coin = duet.seeded_coin
+    assert coin(7, [1, 2], "a") == coin(7, [1, 2], "b")     # seeded: the request id is unused
+    assert coin(7, [1, 2], "a") != coin(8, [1, 2], "a")
+    assert coin(7, [1, 2], "a") != coin(7, [1, 3], "a")     # same seed, another prompt
+    assert coin(None, [1], "a") != coin(None, [1], "b")
+    coins = [coin(s, [s % 7], "x") for s in range(4000)]
+    assert abs(sum(c < 0.05 for c in coins) / 4000 - 0.05) < 0.015
+
+
+def test_online_thresholds_cold_start_window_and_refit():
+    est = duet.OnlineThresholds(window=5, refit_every=2)
+    assert est.thresholds(1000) == (300, 700)
+    for n in [10, 20, 30, 40, 50, 60, 70]:
+        est.observe(n)
+    assert [o[0] for o in est.observations] == [30, 40, 50, 60, 70]
+    est.end_round()
+    assert est.thresholds(1000) == (300, 700)       # refit only every 2 rounds
+    est.end_round()
+    assert est.thresholds(1000) == (40, 60)         # p30, p80 of 30..70 (Kaplan-Meier)

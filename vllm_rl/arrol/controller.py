@@ -1,0 +1,179 @@
+"""ARRoL's trainer side between steps, one implementation for TRL, verl and OpenRLHF.
+
+ARRoL Alg. 1 l.3-8 with the pieces of :mod:`vllm_rl.arrol.head`.  After each step,
+:meth:`ArrolFeedback.observe` takes the step's records and rewards and returns the
+keywords of the engine's ``arrol_update`` (``vllm_rl.LLM.arrol_update``, the server
+route, ``RLHttpServer.arrol_update``):
+
+1. **Labels only from samples that ran to their end** (Alg. 1 l.3-8 labels each rollout
+   by its final reward): ended by the model (EOS, a stop, ``max_tokens``) or at its
+   answer marker (DUET trim).  A sample the head pruned, DARTS cancelled or DUET aborted
+   has no final reward and never becomes a label (its partial text would label it 0, and
+   the head would learn its own decisions).  Label y = reward > 0.  A label whose
+   observation depended on a coin carries its inverse propensity as a training weight
+   (1/p for a survivor of ARRoL's coin, 1/eps for a sample kept at DUET's gate; capped).
+2. **The head is fitted over the buffer** (the last ``window`` labels), ``epochs`` passes
+   of Adam each step from the previous weights (Sec. 4.3 (iii): cross-entropy on
+   detached states), not one step per RL step.
+3. **Calibration** (App. A.4): the buffer re-scored by the new head gives Eq. 1's counts,
+   π and δ (E[p] = κ).
+4. **The pruning gate**: the engine prunes only after the cold start (Sec. 5: 20 steps;
+   Table 7) *and* once the head has shown it can rank: its held-out AUC ≥ ``auc_gate``
+   (0.65 by default; ``auc_gate=None``: the cold start alone, as in the paper).  Held out
+   means prequential: each record's score came from the head
+   the engine had when the sample ran, trained only on earlier steps, so the AUC of those
+   scores against the new labels (inverse-propensity weighted, over the last
+   ``gate_window`` labels) is an out-of-sample measure of the head the engine is
+   actually using.  While the gate is shut the update says ``cold_start=True``: the
+   engine scores and records, never prunes.
+
+Beyond the paper, the head can read the sample's **trace features** at ``l_detect``
+(``inputs="trace"`` or ``"both"``, the default; see :class:`~vllm_rl.arrol.head.QualityHead`):
+on a small model the hidden state alone may not rank (``vllm-rl bench arrol``).
+
+:attr:`ArrolFeedback.metrics` holds the step's figures (held-out AUC, gate, labels).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from vllm_rl.arrol.calibration import CalibrationBuffer, ColdStart
+from vllm_rl.arrol.head import HEAD_INPUTS, HeadTrainer, QualityHead
+from vllm_rl.arrol.measures import weighted_auc
+from vllm_rl.flags import normalize
+from vllm_rl.outcome import Reason, RolloutInfo
+
+CALIBRATION_FLAGS = ("kappa", "rho", "lam", "p_min", "p_max")
+LABELLED = (Reason.EOS, Reason.STOP, Reason.LENGTH, Reason.DUET_TRIMMED)
+
+
+def label_weight(info: RolloutInfo, max_weight: float) -> float:
+    """The inverse propensity of a label's observation (see the module docstring)."""
+    w = 1.0
+    if info.p is not None and not info.floor:
+        w /= max(info.p, 1e-6)
+    if info.keep_prob is not None and info.keep_prob < 1.0:
+        w /= max(info.keep_prob, 1e-6)
+    return min(w, max_weight)
+
+
+class ArrolFeedback:
+    """Head fitting, calibration, cold start and the AUC gate across steps (module
+    docstring).  ``arrol_flags`` are the requests' ``arrol`` flags (κ, ρ, λ, p_min, p_max
+    of the calibration); ``hidden_size`` is the model's (needed for a trace-only head when
+    no hidden state comes back)."""
+
+    def __init__(self, arrol_flags: dict[str, Any] | None = None, *, inputs: str = "both",
+                 hidden_size: int | None = None, width: int = 128,
+                 cold_start_steps: int = 20, auc_gate: float | None = 0.65,
+                 gate_window: int = 256,
+                 gate_min: int = 64, window: int = 2048, epochs: int = 20, lr: float = 1e-3,
+                 weight_decay: float = 1e-2, max_weight: float = 20.0, seed: int = 0) -> None:
+        if inputs not in HEAD_INPUTS:
+            raise ValueError(f"ArrolFeedback inputs={inputs!r}: allowed {HEAD_INPUTS}")
+        if auc_gate is not None and not 0.0 <= auc_gate <= 1.0:
+            raise ValueError(f"ArrolFeedback auc_gate={auc_gate!r}: allowed a float in [0, 1] "
+                             "or None (no AUC gate: the cold start alone, as in the paper)")
+        canonical = normalize({"arrol": dict(arrol_flags or {})})["arrol"]
+        self.calibration_flags = {k: canonical[k] for k in CALIBRATION_FLAGS}
+        self.inputs, self.hidden_size, self.width = inputs, hidden_size, width
+        self.auc_gate, self.gate_min, self.epochs = auc_gate, gate_min, epochs
+        self.lr, self.weight_decay, self.max_weight, self.seed = lr, weight_decay, max_weight, seed
+        self.cold = ColdStart(cold_start_steps)
+        self.calibration = CalibrationBuffer(window=window)
+        self.buffer: deque = deque(maxlen=window)         # (hidden, trace, label, weight)
+        self.heldout: deque = deque(maxlen=gate_window)   # (engine score, label, weight)
+        self.head: QualityHead | None = None
+        self.trainer: HeadTrainer | None = None
+        self.version = 0
+        self.gate_open = False
+        self.metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ labels
+    def _rows(self, infos, rewards):
+        uses_hidden = self.inputs != "trace"
+        for info, r in zip(infos, rewards):
+            if info is None or info.reason not in LABELLED or info.score is None:
+                continue
+            if info.trace is None or (uses_hidden and info.hidden is None):
+                continue
+            yield info, (1 if float(r) > 0 else 0), label_weight(info, self.max_weight)
+
+    def observe(self, infos: Sequence[RolloutInfo | None],
+                rewards: Sequence[float]) -> dict[str, Any] | None:
+        """One step's records and rewards → ``arrol_update`` keywords (or None when no
+        sample could be labelled yet)."""
+        self.cold.tick()
+        rows = list(self._rows(infos, rewards))
+        for info, y, w in rows:
+            if info.head_version is not None and info.head_version >= 1:
+                self.heldout.append((float(info.score), y, w))   # scored by a trained head
+            hidden = info.hidden_state() if self.inputs != "trace" else None
+            self.buffer.append((hidden, tuple(info.trace), y, w))
+        if not self.buffer:
+            return None
+        self._fit()
+        heldout = self._heldout_auc()
+        cold = self.cold.active
+        ranks = self.auc_gate is None or (heldout is not None and heldout >= self.auc_gate)
+        self.gate_open = not cold and ranks
+        calibration = None
+        if self.gate_open:
+            calibration = self.calibration.calibration(**self.calibration_flags)
+        self.version += 1
+        labels = [y for _, _, y, _ in self.buffer]
+        self.metrics = {"arrol/labels": float(len(rows)), "arrol/buffer": float(len(labels)),
+                        "arrol/heldout_auc": heldout if heldout is not None else float("nan"),
+                        "arrol/gate_open": float(self.gate_open),
+                        "arrol/cold_start": float(cold),
+                        "arrol/positive_share": sum(labels) / len(labels)}
+        return {"head": self.head.export(self.version),
+                "calibration": calibration.to_dict() if calibration is not None else None,
+                "cold_start": calibration is None, "version": self.version}
+
+    # ------------------------------------------------------------------ fitting
+    def _tensors(self):
+        hidden = None
+        if self.inputs != "trace":
+            hidden = torch.from_numpy(np.stack([h for h, _, _, _ in self.buffer])).float()
+        trace = torch.tensor([t for _, t, _, _ in self.buffer], dtype=torch.float32)
+        labels = torch.tensor([y for _, _, y, _ in self.buffer], dtype=torch.float32)
+        weights = torch.tensor([w for _, _, _, w in self.buffer], dtype=torch.float32)
+        if hidden is None:
+            hidden = torch.zeros(len(labels), self._hidden_size())
+        return hidden, trace, labels, weights
+
+    def _hidden_size(self) -> int:
+        if self.hidden_size is None:
+            raise ValueError("ArrolFeedback(inputs='trace') needs hidden_size= (the model's) "
+                             "when the records carry no hidden state")
+        return self.hidden_size
+
+    def _fit(self) -> None:
+        hidden, trace, labels, weights = self._tensors()
+        if self.head is None:
+            torch.manual_seed(self.seed)
+            self.head = QualityHead(hidden.shape[1], width=self.width, inputs=self.inputs)
+            self.trainer = HeadTrainer(self.head, lr=self.lr, weight_decay=self.weight_decay)
+        gen = torch.Generator().manual_seed(self.seed + self.version)
+        features = trace if self.head.features else None
+        self.trainer.fit(hidden, labels, epochs=self.epochs, batch_size=128, generator=gen,
+                         features=features, weights=weights)
+        scores = self.head.score(hidden, features).tolist()
+        self.calibration.items.clear()
+        self.calibration.add(scores, [int(y) for y in labels.tolist()])
+
+    def _heldout_auc(self) -> float | None:
+        if len(self.heldout) < self.gate_min:
+            return None
+        s, y, w = zip(*self.heldout)
+        if sum(y) == 0 or sum(y) == len(y):
+            return None
+        return weighted_auc(s, y, w)
+
+
+__all__ = ["ArrolFeedback", "label_weight", "LABELLED"]

@@ -1,0 +1,53 @@
+"""What each benchmark configuration sends: the techniques with the papers' defaults.
+
+One place for the flags of ``stock``, each technique alone and the default combination
+(``all``), shared by the step benchmark (:mod:`.step`) and the time-to-accuracy benchmark
+(:mod:`.train`):
+
+* ``darts``: DARTS Alg. 2 with Alg. 1's per-prompt M' in [M, 2M] (a planner,
+  :class:`vllm_rl.darts.DartsPlanner`: dual-end K = M − 1, L = 1; shortest-only with early
+  stop where the allocation saturates);
+* ``duet``: DUET's marker gate with the answer marker of the embedded task, ε = 0.05
+  (Table 3), G scaled to ``max_tokens`` as App. A.3's 150 of 3,072; K1/K2 the engine's
+  online estimate unless given;
+* ``das``: DAS with the engine's default policy and cap;
+* ``arrol``: ARRoL at ``l_detect`` with ``return_hidden`` (the trainer fits the head);
+* ``all``: the four in one request, composed by the rule of ``docs/ARCHITECTURE.md``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+TECHNIQUES = ("darts", "duet", "das", "arrol")
+CONFIGS = ("stock", *TECHNIQUES, "all")
+# DUET's answer marker for the embedded task: its completions end "\boxed{ N }" and EOS,
+# with no blank line after the box, so the built-in math marker would never fire.
+TASK_MARKER = r"\\boxed\{[^}]*\}"
+
+
+def duet_grace(max_tokens: int) -> int:
+    """DUET's G scaled to the response limit: App. A.3 uses 150 tokens at 3,072."""
+    return max(8, round(150 * max_tokens / 3072))
+
+
+def technique_flags(name: str, max_tokens: int, l_detect: int = 24,
+                    duet: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The ``rl_params`` sections of configuration ``name`` (None: stock).  ``duet``
+    overrides DUET's fields (e.g. K1/K2 from a previous step)."""
+    if name not in CONFIGS:
+        raise ValueError(f"unknown configuration {name!r}; choose from {list(CONFIGS)}")
+    sections = {
+        "darts": {"darts": {}},
+        "duet": {"duet": {"pattern": TASK_MARKER, "grace": duet_grace(max_tokens),
+                          "eps": 0.05, **(duet or {})}},
+        "das": {"das": {}},
+        "arrol": {"arrol": {"l_detect": l_detect, "return_hidden": True}},
+    }
+    if name == "stock":
+        return None
+    if name == "all":
+        return {k: v for s in TECHNIQUES for k, v in sections[s].items()}
+    return dict(sections[name])
+
+
+__all__ = ["CONFIGS", "TASK_MARKER", "TECHNIQUES", "duet_grace", "technique_flags"]

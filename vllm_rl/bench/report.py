@@ -1,0 +1,33 @@
+"""``vllm-rl bench report FILE.json``: a benchmark's markdown table again, from its JSON.
+
+The tables in ``docs/benchmarks.md`` are written this way, from the JSON files kept in
+``docs/results/``: ``step-*.json`` (``vllm-rl bench step``) and ``train.json``
+(``vllm-rl bench train``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def render(doc: dict) -> str:
+    if "runs" in doc and doc["runs"] and "heldout_start" in doc["runs"][0]:
+        from vllm_rl.bench import train
+
+        return train.table(train.summarize(doc["runs"]))
+    if "summary" in doc and isinstance(doc["summary"], list):
+        from vllm_rl.bench import step
+
+        base = f"stock-{doc['args']['m']}"
+        return step.table(doc["summary"], base)
+    raise ValueError("not a `vllm-rl bench step` or `vllm-rl bench train` JSON file")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="vllm-rl bench report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", help="JSON files written by `vllm-rl bench step|train`")
+    args = ap.parse_args(argv)
+    for path in args.files:
+        print(f"\n{path}\n")
+        print(render(json.loads(Path(path).read_text())))

@@ -1,1 +1,0 @@
-"""Trainer-side controllers (pure Python, no vLLM import), one module per technique."""

@@ -1,0 +1,349 @@
+"""DARTS on the trainer side: how many samples each prompt gets and which ones it keeps.
+
+Each step the trainer (DARTS paper, Sec. 4.2-4.3.1, App. B-D):
+
+1. sets the total redundancy budget (App. B, Eq. 8-9: :mod:`.budget`), or a fixed share
+   of it;
+2. splits it over the batch by each prompt's smoothed length std (Eq. 5 / 10, Alg. 1):
+   :func:`allocate`, from :class:`LengthStats`;
+3. picks each prompt's sampling mode (Alg. 2, line 3): shortest-only with proactive
+   early stop when the prompt's budget saturates at ``M_up = 2M``, else dual-end.
+
+:class:`DartsPlanner` does the three every step (a fixed budget share, the default the
+integrations use); :func:`plan` is the same with Eq. 9's adaptive budget.  Each
+:class:`PromptPlan`'s :meth:`~PromptPlan.rl_params` is the ``extra_args`` of the request
+carrying the group.  Everything here is pure Python (stdlib only) and deterministic.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_rl.checks import check_int as _check_int
+from vllm_rl.checks import check_real as _check_real
+from vllm_rl.flags import rl_params as _rl_params
+
+__all__ = ["DartsPlanner", "LengthStats", "PromptPlan", "allocate", "allocation_objective",
+           "ema", "marginal_gain", "minmax_norm", "plan", "sampling_mode"]
+
+DUAL_END = "dual_end"
+SHORTEST = "shortest"
+
+
+# ------------------------------------------------------------------------ input checks
+
+
+def _check_lengths(name: str, lengths: Iterable[float]) -> list[float]:
+    values = list(lengths)
+    for i, v in enumerate(values):
+        _check_real(f"{name}[{i}]", v, lo=0.0)
+    return [float(v) for v in values]
+
+
+def _check_decay(name: str, value: Any) -> float:
+    decay = _check_real(name, value, lo=0.0)
+    if decay >= 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return decay
+
+
+# ------------------------------------------------------------------- length statistics
+
+
+def ema(previous: float | None, value: float, decay: float) -> float:
+    """One exponential-moving-average step: ``decay * previous + (1 - decay) * value``.
+
+    The first value seeds the average (``previous is None``), so it is not biased to 0.
+    """
+    return value if previous is None else decay * previous + (1.0 - decay) * value
+
+
+class LengthStats:
+    """Smoothed response-length statistics (Sec. 4.2.2, App. B, App. C).
+
+    * Per prompt: the EMA of the (population) variance of the lengths of its samples,
+      the smoothed historical variance σ̃²_L(q_i) of Sec. 4.2.2 / App. C; it changes
+      only when that prompt is rolled out again.
+    * Dataset level: EMAs of the mean L̃ and of the std σ̃_L of all the lengths of a
+      step (pooled over its prompts), which give ρ = σ̃_L / L̃ (App. B, Eq. 7).
+
+    :meth:`update` records one prompt's lengths; :meth:`end_step` folds the step's
+    pooled lengths into the dataset-level EMAs.  Reading a dataset-level value
+    (:meth:`rho`, :attr:`mean`, :attr:`dataset_std`, or :meth:`std` of an unseen
+    prompt) folds any pending lengths in first, so calling :meth:`update` for every
+    prompt of a step and then planning the next step is enough.
+
+    The paper gives no EMA decay.  Defaults: ``prompt_decay=0.5`` (a prompt returns
+    only once per epoch, after the policy has moved a lot, so its latest rollout counts
+    half) and ``dataset_decay=0.9`` (updated every step: a horizon of about 10 steps).
+    """
+
+    def __init__(self, prompt_decay: float = 0.5, dataset_decay: float = 0.9) -> None:
+        self.prompt_decay = _check_decay("prompt_decay", prompt_decay)
+        self.dataset_decay = _check_decay("dataset_decay", dataset_decay)
+        self._variance: dict[Hashable, float] = {}
+        self._mean: float | None = None
+        self._std: float | None = None
+        self._pending: list[float] = []
+
+    def __contains__(self, prompt_id: Hashable) -> bool:
+        return prompt_id in self._variance
+
+    def __len__(self) -> int:
+        return len(self._variance)
+
+    def update(self, prompt_id: Hashable, lengths: Iterable[float]) -> None:
+        """Record the lengths (tokens) of the samples one prompt got this step.
+
+        Pass all M'_i of them (σ²({l_i^1, ..., l_i^M'_i}) of Sec. 4.2.2).  For a group
+        stopped early (Alg. 2, line 12) the cancelled samples' lengths so far are lower
+        bounds, so the estimate for such a prompt is biased low.
+        """
+        values = _check_lengths("lengths", lengths)
+        if not values:
+            raise ValueError("lengths must not be empty")
+        variance = statistics.pvariance(values)
+        self._variance[prompt_id] = ema(self._variance.get(prompt_id), variance,
+                                        self.prompt_decay)
+        self._pending.extend(values)
+
+    def end_step(self) -> None:
+        """Fold the step's pooled lengths into L̃ and σ̃_L (a no-op if none are pending)."""
+        if not self._pending:
+            return
+        self._mean = ema(self._mean, statistics.fmean(self._pending), self.dataset_decay)
+        self._std = ema(self._std, statistics.pstdev(self._pending), self.dataset_decay)
+        self._pending = []
+
+    def update_step(self, lengths_by_prompt: Mapping[Hashable, Iterable[float]]) -> None:
+        """:meth:`update` every prompt of a step, then :meth:`end_step`."""
+        for prompt_id, lengths in lengths_by_prompt.items():
+            self.update(prompt_id, lengths)
+        self.end_step()
+
+    def variance(self, prompt_id: Hashable) -> float | None:
+        """σ̃²_L(q_i), or ``None`` for a prompt never rolled out."""
+        return self._variance.get(prompt_id)
+
+    def std(self, prompt_id: Hashable) -> float:
+        """σ̃_L(q_i) = sqrt(σ̃²_L(q_i)), the allocation signal of Eq. 5 / Alg. 1.
+
+        Cold start: a prompt never rolled out gets the dataset-level σ̃_L (0.0 before
+        the first step), i.e. it is treated as a typical draw from the dataset.
+        """
+        variance = self._variance.get(prompt_id)
+        return self.dataset_std if variance is None else math.sqrt(variance)
+
+    @property
+    def mean(self) -> float:
+        """L̃, the dataset-level EMA of the mean length (0.0 before the first step)."""
+        self.end_step()
+        return 0.0 if self._mean is None else self._mean
+
+    @property
+    def dataset_std(self) -> float:
+        """σ̃_L, the dataset-level EMA of the length std (0.0 before the first step)."""
+        self.end_step()
+        return 0.0 if self._std is None else self._std
+
+    def rho(self) -> float:
+        """ρ = σ̃_L / L̃ (App. B, Eq. 7); 0.0 while there is no history (L̃ = 0)."""
+        mean = self.mean
+        return 0.0 if mean <= 0.0 else self.dataset_std / mean
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready snapshot (pending lengths are folded in first)."""
+        self.end_step()
+        return {
+            "prompt_decay": self.prompt_decay,
+            "dataset_decay": self.dataset_decay,
+            "mean": self._mean,
+            "std": self._std,
+            "prompts": [[pid, var] for pid, var in self._variance.items()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LengthStats:
+        """Inverse of :meth:`to_dict`."""
+        stats = cls(data["prompt_decay"], data["dataset_decay"])
+        for name in ("mean", "std"):
+            value = data[name]
+            setattr(stats, f"_{name}", None if value is None else _check_real(name, value, 0.0))
+        for pid, var in data["prompts"]:
+            stats._variance[pid] = _check_real("variance", var, lo=0.0)
+        return stats
+
+
+# ------------------------------------------------------------- redundancy allocation
+
+
+def minmax_norm(values: Sequence[float]) -> list[float]:
+    """Norm(·) of Eq. 5: min-max normalization over the batch; all 1.0 if all equal."""
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        return [1.0] * len(values)
+    return [(v - lo) / (hi - lo) for v in values]
+
+
+def marginal_gain(weight: float, m: int) -> float:
+    """Alg. 1, line 4: Δ = w (1/M' − 1/(M'+1)), computed as w / (M' (M'+1))."""
+    return weight / (m * (m + 1))
+
+
+def allocation_objective(weights: Sequence[float], allocation: Sequence[int]) -> float:
+    """The objective of Eq. 5 / 10: Σ_i w_i / M'_i."""
+    return sum(w / m for w, m in zip(weights, allocation))
+
+
+def allocate(stds: Sequence[float], M_total: int, M_low: int, M_up: int) -> list[int]:
+    """Alg. 1: split ``M_total`` samples over the batch, minimizing Eq. 5 / 10.
+
+    Weights are w_i = Norm(σ̃_L(q_i)) (:func:`minmax_norm`).  Every prompt starts at
+    ``M_low``; each remaining unit goes to the prompt below ``M_up`` with the largest
+    marginal gain Δ_i (ties: the lower index).  A max-heap keyed by (−Δ_i, i) makes it
+    O(N log N + (M_total − N·M_low) log N).  The objective is separable and convex in
+    each M'_i, so this greedy choice is optimal.
+    """
+    stds = [_check_real(f"stds[{i}]", s, lo=0.0) for i, s in enumerate(stds)]
+    M_low = _check_int("M_low", M_low, 1)
+    M_up = _check_int("M_up", M_up, M_low)
+    M_total = _check_int("M_total", M_total, 0)
+    n = len(stds)
+    if not n * M_low <= M_total <= n * M_up:
+        raise ValueError(f"M_total must be in [N*M_low, N*M_up] = [{n * M_low}, "
+                         f"{n * M_up}] for N={n}, got {M_total}")
+    weights = minmax_norm(stds)
+    allocation = [M_low] * n
+    heap = [(-marginal_gain(w, M_low), i) for i, w in enumerate(weights)] \
+        if M_low < M_up else []
+    heapq.heapify(heap)
+    for _ in range(M_total - n * M_low):
+        _, i = heapq.heappop(heap)
+        allocation[i] += 1
+        if allocation[i] < M_up:
+            heapq.heappush(heap, (-marginal_gain(weights[i], allocation[i]), i))
+    return allocation
+
+
+# ------------------------------------------------------------------ per-prompt plans
+
+
+def sampling_mode(redundant: int, m_up: int) -> str:
+    """Alg. 2, line 3: dual-end while M'_i < M_up, else shortest-only + early stop."""
+    return SHORTEST if redundant >= m_up else DUAL_END
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """One prompt's share of a step: ``n`` = M'_i samples, of which ``size`` = M kept.
+
+    ``mode`` is ``"dual_end"`` (keep the ``k`` shortest and ``size - k`` longest valid
+    samples, Alg. 2 lines 5-9) or ``"shortest"`` (keep the M shortest and stop the
+    group once they have finished, Alg. 2 line 12).
+    """
+
+    prompt_id: Hashable
+    n: int
+    size: int
+    mode: str
+    k: int
+    m_up: int
+
+    @property
+    def early_stop(self) -> bool:
+        return self.mode == SHORTEST
+
+    def rl_params(self, group_id: str | None = None) -> dict[str, Any]:
+        """The ``SamplingParams.extra_args`` of this group, sent as one request with
+        ``n = self.n``.  ``group_id`` is required only when the group is sent as
+        ``n`` single-sample requests instead (they must share it); for one request
+        the engine names the group itself.
+        """
+        group: dict[str, Any] = {"size": self.size, "redundant": self.n}
+        if group_id is not None:
+            group["id"] = group_id
+        darts = {"mode": self.mode, "k": self.k, "m_up": self.m_up}
+        return _rl_params(group=group, darts=darts)
+
+
+def plan(prompt_ids: Sequence[Hashable], stats: LengthStats, M: int, lam: float,
+         k_cost: float, K: int | None = None) -> list[PromptPlan]:
+    """Plan one step: Eq. 9 budget, Alg. 1 allocation, Alg. 2 switch.
+
+    ``M_low = M`` and ``M_up = 2M`` (the paper's setting); the budget is
+    :func:`adaptive_budget` of ``stats.rho()``, ``lam`` and ``k_cost`` (Eq. 6's slope,
+    see :func:`cost_slope`), and each prompt's weight comes from ``stats.std``.
+    ``K`` is the dual-end short size, default ``M - 1`` (the paper's L = 1).
+    """
+    ids = list(prompt_ids)
+    if not ids:
+        raise ValueError("prompt_ids must not be empty")
+    M = _check_int("M", M, 1)
+    K = M - 1 if K is None else _check_int("K", K, 0)
+    if K > M:
+        raise ValueError(f"K must be in [0, M] = [0, {M}], got {K}")
+    m_up = 2 * M
+    from vllm_rl.darts.budget import adaptive_budget
+
+    total = adaptive_budget(stats.rho(), lam, k_cost, M, len(ids))
+    allocation = allocate([stats.std(pid) for pid in ids], total, M, m_up)
+    return [PromptPlan(pid, m, M, sampling_mode(m, m_up), K, m_up)
+            for pid, m in zip(ids, allocation)]
+
+
+# ------------------------------------------------------------------------ the planner
+
+
+class DartsPlanner:
+    """A step's per-prompt plan: redundancy M'_i (Alg. 1) and sampling mode (Alg. 2).
+
+    Keeps each prompt's smoothed length variance (:class:`LengthStats`, Sec. 4.2.2) and,
+    for a step's prompts,
+
+    1. sets the total redundancy ``M_total = round(budget * M * N)`` (App. B's typical
+       1.5 MN by default; :func:`adaptive_budget` gives Eq. 8-9's when a cost slope is
+       known),
+    2. splits it with Alg. 1 over ``[M_low, M_up] = [M, 2M]`` by the normalised std
+       (:func:`allocate`),
+    3. gives each prompt Alg. 2's mode: dual-end (K = M − 1 shortest + L = 1 longest
+       valid) while M'_i < M_up; **shortest-only with proactive early stop only where the
+       allocation saturates**, M'_i = M_up (Sec. 4.3.1: "we ... treat the saturation of
+       the budget (M'_i = M_up) as a proxy for severe long-tail characteristics").
+
+    Prompts never seen get the dataset-level std, so the first epoch is a uniform split
+    (no saturation unless the budget is the full 2MN).  :meth:`observe` takes a step's
+    lengths per prompt (every sample, early-ended ones with their partial length: Sec.
+    4.2.2 uses the whole M'_i).
+    """
+
+    def __init__(self, M: int, budget: float = 1.5, K: int | None = None,
+                 stats: LengthStats | None = None) -> None:
+        if not 1.0 <= budget <= 2.0:
+            raise ValueError(f"DartsPlanner budget={budget!r}: allowed a float in [1, 2] "
+                             "(M_total / (M N), Eq. 9's range)")
+        self.M, self.budget = int(M), float(budget)
+        self.K = self.M - 1 if K is None else int(K)
+        self.stats = stats or LengthStats()
+
+    def plan(self, prompt_ids: Sequence[Hashable]) -> list[PromptPlan]:
+        ids = list(prompt_ids)
+        m_up = 2 * self.M
+        total = min(len(ids) * m_up, max(len(ids) * self.M,
+                                         round(self.budget * self.M * len(ids))))
+        counts = allocate([self.stats.std(pid) for pid in ids], total, self.M, m_up)
+        return [PromptPlan(pid, m, self.M, sampling_mode(m, m_up), self.K, m_up)
+                for pid, m in zip(ids, counts)]
+
+    def flags(self, plan: PromptPlan) -> dict:
+        """The ``darts`` and ``group`` sections for a plan (``rl_params`` keywords)."""
+        return {"group": {"size": plan.size, "redundant": plan.n},
+                "darts": {"mode": plan.mode, "k": plan.k, "m_up": plan.m_up}}
+
+    def observe(self, lengths_by_prompt: Mapping[Hashable, Iterable[int]]) -> None:
+        self.stats.update_step({k: list(v) for k, v in lengths_by_prompt.items() if v})

@@ -1,0 +1,179 @@
+"""Engine-level DAS settings (:class:`DASConfig`) and how they reach vLLM.
+
+DAS runs as vLLM's ``custom_class`` speculative method: the engine is started with
+``speculative_config={"method": "custom_class", "model": PROPOSER,
+"num_speculative_tokens": 2b}`` (the long class drafts ``2b`` tokens, Sec. 4.2.3) and
+the settings below in ``additional_config["vllm_rl_das"]``, which vLLM hands to every
+worker with the rest of its config.  ``vllm_rl.LLM(das=...)`` / ``engine_args(das=...)``
+build both; per-request flags (``das`` section of :mod:`vllm_rl.flags`) choose the
+problem and the policy, and may lower ``b`` or set ``min_prob``.
+
+vLLM runs CPU-side drafters (``ngram``, ``suffix``, ``custom_class``) with synchronous
+scheduling only, so a DAS engine uses :class:`~vllm_rl.engine.scheduler.RLSyncScheduler`.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from vllm_rl.flags import DAS_POLICIES, MAX_DRAFT, FlagError
+
+PROPOSER = "vllm_rl.das.drafter.DASProposer"
+CONFIG_KEY = "vllm_rl_das"
+BATCH_CAPS = ("phase", "cost", "linear")     # DASConfig.batch_cap
+
+
+@dataclass(frozen=True)
+class DASConfig:
+    """DAS settings of one engine.
+
+    Trees (Sec. 4.1.2): ``window`` finished rollouts kept per problem (paper's default
+    16), ``max_stored_tokens`` across all trees (oldest rollouts leave first),
+    ``max_depth`` the longest indexed substring, ``prompt_tail`` prompt tokens stored in
+    front of each rollout so the first output tokens have a context to match.
+
+    Budgets (Sec. 4.2): ``budget`` is b (medium class b, long 2b), ``min_prob`` the
+    draft cutoff.  ``policy`` is the budget policy of a request whose flags name none.
+
+    The batch cap (Sec. 4.2.1) scales budgets with the batch.  ``batch_cap="cost"`` (the
+    default) derives it from the engine's step-cost model (``vllm_rl.LLM(cost=...)``,
+    :mod:`vllm_rl.cost`; fitted online when none is named): each step drafts the length
+    that makes the step cheapest per generated token at its batch size and context
+    (:func:`vllm_rl.das.caps.cost_cap`), one length for every request from the
+    engine's recent acceptance, so a memory-bound GPU drafts at full budget on small
+    batches and not at all on a full one.  ``batch_cap="phase"`` makes the same choice
+    per request (:func:`vllm_rl.das.caps.phase_budgets`): each request's length from
+    its own acceptance estimate (Eq. 3's k, shrunk toward its problem's and the
+    engine's) and the tree's actual draft, minimising the step's expected time per
+    generated token; drafting is off or short in the bulk of a rollout step and at full
+    budget in its tail.  ``batch_cap="linear"`` is the fixed rule: full budget up to
+    ``full_batch`` running requests, scaled down linearly above, off at ``off_batch``
+    (``vllm-rl bench das-batch`` measures drafting's gain by batch size).  The defaults
+    (``policy="fixed"``, ``batch_cap="cost"``) were chosen on the projection of one
+    rollout step on the H100 table against stock vLLM and the other policies and caps
+    (``vllm-rl bench step --gpu-limits``; figures in ``docs/benchmarks.md``).
+    ``c_base_ms``/``c_tok_ms`` are Eq. 1's per-pass and per-token costs used by the
+    ``optimal`` policy (Eq. 6-7) when the cost model cannot answer (an online model
+    before its first fit); otherwise Eq. 7 reads the cost model linearised at the step's
+    batch and context (:meth:`vllm_rl.cost.StepCost.linear_at`); their defaults come from
+    the PTL of the embedded model on a CPU (``benchmarks/ptl.py``).  ``round_horizon`` rounds in T_short's moving average,
+    ``history`` final lengths kept for the class posterior.
+    """
+
+    budget: int = 4
+    window: int = 16
+    max_stored_tokens: int = 4_000_000
+    max_depth: int = 32
+    min_prob: float = 0.1
+    prompt_tail: int = 16
+    full_batch: int = 256
+    off_batch: int = 1024
+    policy: str = "fixed"
+    batch_cap: str = "cost"
+    c_base_ms: float = 2.5
+    c_tok_ms: float = 0.13
+    round_horizon: int = 16
+    history: int = 4096
+    stats_rounds: int = 4096
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.budget <= MAX_DRAFT // 2:
+            raise ValueError(f"DASConfig.budget={self.budget}: allowed int in [1, {MAX_DRAFT // 2}]")
+        if self.window < 1 or self.max_stored_tokens < 1:
+            raise ValueError("DASConfig.window and max_stored_tokens must be >= 1")
+        if not 2 <= self.max_depth <= 1024:
+            raise ValueError(f"DASConfig.max_depth={self.max_depth}: allowed int in [2, 1024]")
+        if not 0 <= self.full_batch <= self.off_batch:
+            raise ValueError("DASConfig: need 0 <= full_batch <= off_batch")
+        if not 0.0 <= self.min_prob <= 1.0:
+            raise ValueError(f"DASConfig.min_prob={self.min_prob}: allowed float in [0, 1]")
+        if self.prompt_tail < 0 or min(self.round_horizon, self.history, self.stats_rounds) < 1:
+            raise ValueError("DASConfig: prompt_tail >= 0; round_horizon, history, "
+                             "stats_rounds >= 1")
+        if self.policy not in DAS_POLICIES:
+            raise ValueError(f"DASConfig.policy={self.policy!r}: allowed one of {DAS_POLICIES}")
+        if self.batch_cap not in BATCH_CAPS:
+            raise ValueError(f"DASConfig.batch_cap={self.batch_cap!r}: allowed one of "
+                             f"{BATCH_CAPS}")
+        if self.c_base_ms < 0 or self.c_tok_ms <= 0:
+            raise ValueError("DASConfig: c_base_ms >= 0 and c_tok_ms > 0 (Eq. 1)")
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return 2 * self.budget
+
+    @classmethod
+    def of(cls, value: "DASConfig | dict | bool") -> "DASConfig":
+        from vllm_rl.checks import settings_of
+
+        return settings_of(cls, value, "das")
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> "DASConfig | None":
+        """The DAS settings of an engine, or None if it was not started with DAS."""
+        spec = getattr(vllm_config, "speculative_config", None)
+        if spec is None or spec.method != "custom_class" or spec.model != PROPOSER:
+            return None
+        extra = (getattr(vllm_config, "additional_config", None) or {}).get(CONFIG_KEY) or {}
+        cfg = cls.of(dict(extra))
+        if spec.num_speculative_tokens < cfg.num_speculative_tokens:
+            cfg = cls.of({**asdict(cfg), "budget": max(1, spec.num_speculative_tokens // 2)})
+        return cfg
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The vLLM engine arguments that start a DAS engine."""
+        from vllm_rl import SYNC_SCHEDULER_CLS
+
+        # Synchronous scheduling: vLLM allows no async scheduling with a custom_class
+        # drafter (0.32.0 and 0.33.0).  custom_class runs on the V1 model runner only
+        # (0.32 config/vllm.py:2927-2934, 0.33 :3066-3068), which refuses async scheduling
+        # with any drafter but EAGLE/MTP/draft_model/ngram_gpu/DSpark/DFlash (0.32
+        # config/vllm.py:1553-1574 raises, :1597-1610 turns it off; 0.33 :1652-1665,
+        # 1668-1680, 1710-1716), and for a reason: under async scheduling the sampled
+        # tokens stay on the GPU, the CPU-side drafters get an empty token list
+        # (gpu_model_runner.py `valid_sampled_token_ids = []`, 0.32:3538, 0.33:3504) and the
+        # engine core never hands drafts to the scheduler (v1/engine/core.py post_step,
+        # 0.32:693, 0.33:703).  See notes/issue20-das.md.
+        return {
+            "speculative_config": {"method": "custom_class", "model": PROPOSER,
+                                   "num_speculative_tokens": self.num_speculative_tokens},
+            "additional_config": {CONFIG_KEY: asdict(self)},
+            "scheduler_cls": SYNC_SCHEDULER_CLS,
+            "async_scheduling": False,
+        }
+
+
+def default_problem_id(raw_flags: dict[str, Any], prompt_token_ids) -> str:
+    """``das.problem_id`` when a request names none: its group id if the caller named the
+    group (``group.id`` in the flags as sent), else its prompt."""
+    group = raw_flags.get("group")
+    if isinstance(group, dict) and isinstance(group.get("id"), str) and group["id"]:
+        return group["id"]
+    return prompt_problem_id(prompt_token_ids)
+
+
+def prompt_problem_id(prompt_token_ids) -> str:
+    """The problem id of a request that names none: its prompt (same prompt, same tree)."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(",".join(map(str, prompt_token_ids or ())).encode())
+    return "prompt:" + h.hexdigest()
+
+
+def check_engine(canonical: dict[str, Any], vllm_config: Any) -> None:
+    """Reject, at submission, DAS flags this engine cannot honour."""
+    das = canonical.get("das")
+    if das is None:
+        return
+    cfg = DASConfig.from_vllm_config(vllm_config)
+    if cfg is None:
+        raise FlagError("das", "this engine was started without the DAS drafter",
+                        "an engine started with vllm_rl.LLM(das=True) or engine_args(das=...)")
+    if das.get("budget") is not None and das["budget"] > cfg.budget:
+        raise FlagError("das.budget", f"value {das['budget']} above the engine's b={cfg.budget}",
+                        f"int in [0, {cfg.budget}]")
+    if das.get("policy") is None:
+        das["policy"] = cfg.policy          # the request's record names the policy it ran
+
+
+__all__ = ["BATCH_CAPS", "DASConfig", "check_engine", "default_problem_id", "prompt_problem_id"]

@@ -1,0 +1,191 @@
+"""The DAS tree store: one suffix tree per problem over a sliding window of its rollouts.
+
+DAS drafts from rollouts of the *same problem* (Sec. 4.1.2, "Global suffix trees" and
+"Per-request suffix trees": per-problem trees beat one global tree in acceptance and in
+latency) built from a *sliding window* of recent rollouts ("Sliding window selection
+tree": the paper's default window is 16).  :class:`ProblemTrees` keeps:
+
+* per problem, a :class:`~vllm_rl.das.tree.SuffixTree` holding its rollouts still being
+  generated (fed token by token) and its last ``window`` finished ones; a finished
+  rollout beyond the window leaves, oldest first;
+* a global cap on stored tokens: above it, finished rollouts leave oldest first across
+  all problems (a rollout being generated never leaves);
+* per problem, the output lengths of its rollouts in the window that ended naturally
+  (the history the length classes of Sec. 4.2.3 start from; a cancelled or aborted
+  rollout's tokens are kept, its length is not).
+
+Each stored sequence is the last ``prompt_tail`` prompt tokens followed by the rollout,
+so the first output tokens of a new sample already have a context to match.  A tree
+whose last rollout leaves is dropped, and its memory with it.  The store lives as long
+as the engine's worker; model weights, sleep and wake never touch it.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from vllm_rl.das.tree import SuffixTree
+
+
+@dataclass
+class Problem:
+    tree: SuffixTree
+    finished: deque = field(default_factory=deque)      # seq ids, oldest first
+    lengths: deque = field(default_factory=deque)       # output lengths (None: cut short)
+    growing: set = field(default_factory=set)
+    requests: int = 0        # rollouts ever started or inserted
+    drafted: int = 0         # draft tokens proposed from this tree
+    accepted: int = 0        # of which accepted
+
+
+class ProblemTrees:
+    def __init__(self, window: int = 16, max_stored_tokens: int = 4_000_000,
+                 max_depth: int = 64) -> None:
+        self.window = window
+        self.max_stored_tokens = max_stored_tokens
+        self.max_depth = max_depth
+        self.problems: dict[str, Problem] = {}
+        self._size: dict[int, tuple[str, int]] = {}     # seq id -> (problem, tokens)
+        self._fifo: deque[int] = deque()                # finished seq ids, global order
+        self._next_seq = 0
+        self.stored_tokens = 0
+
+    # ----------------------------------------------------------------- rollouts
+    def problem(self, problem_id: str) -> Problem:
+        p = self.problems.get(problem_id)
+        if p is None:
+            p = self.problems[problem_id] = Problem(SuffixTree(self.max_depth))
+        return p
+
+    def start(self, problem_id: str, prompt_tail: Sequence[int]) -> int:
+        """A new rollout of ``problem_id``; returns its sequence id."""
+        p = self.problem(problem_id)
+        seq = self._new_seq(problem_id)
+        p.growing.add(seq)
+        p.requests += 1
+        self.extend(problem_id, seq, prompt_tail)
+        return seq
+
+    def extend(self, problem_id: str, seq: int, tokens: Sequence[int]) -> None:
+        p = self.problems.get(problem_id)
+        if not tokens or p is None or seq not in p.growing:
+            return                       # cleared while it was being generated
+        p.tree.extend(seq, list(tokens))
+        self._grow(seq, len(tokens))
+
+    def finish(self, problem_id: str, seq: int, output_len: int, natural: bool = True) -> None:
+        """The rollout ended (``natural``: by itself): seal it and slide the window."""
+        p = self.problems.get(problem_id)
+        if p is None or seq not in p.growing:
+            return
+        p.growing.discard(seq)
+        if seq in p.tree:
+            p.tree.finish(seq)
+            self._finished(problem_id, p, seq, output_len if natural else None)
+        else:
+            self._size.pop(seq, None)
+            self._drop_if_empty(problem_id, p)
+
+    def insert(self, problem_id: str, tokens: Sequence[int],
+               prompt_tail: Sequence[int] = ()) -> None:
+        """Add a finished rollout (prebuilding a tree from past rollouts)."""
+        p = self.problem(problem_id)
+        seq = self._new_seq(problem_id)
+        p.requests += 1
+        stored = list(prompt_tail) + list(tokens)
+        if not stored:
+            self._size.pop(seq, None)
+            self._drop_if_empty(problem_id, p)
+            return
+        p.tree.insert(seq, stored)
+        self._grow(seq, len(stored))
+        self._finished(problem_id, p, seq, len(tokens))
+
+    def clear(self, problem_id: str | None = None) -> int:
+        """Drop one problem's tree (or all of them); returns the number dropped.
+
+        Rollouts still being generated keep their sequence ids but stop feeding a tree
+        (they re-enter the store at their next rollout).
+        """
+        ids = list(self.problems) if problem_id is None else [problem_id]
+        dropped = 0
+        for pid in ids:
+            p = self.problems.pop(pid, None)
+            if p is None:
+                continue
+            dropped += 1
+            for seq in list(p.finished) + list(p.growing):
+                _, n = self._size.pop(seq, (pid, 0))
+                self.stored_tokens -= n
+        live = set(self._size)
+        self._fifo = deque(s for s in self._fifo if s in live)
+        return dropped
+
+    def lengths(self, problem_id: str) -> list[int]:
+        p = self.problems.get(problem_id)
+        return [n for n in p.lengths if n is not None] if p is not None else []
+
+    # ----------------------------------------------------------------- reporting
+    def stats(self) -> dict:
+        per = {}
+        for pid, p in self.problems.items():
+            per[pid] = {"rollouts": len(p.finished), "growing": len(p.growing),
+                        "requests": p.requests, "tokens": p.tree.num_tokens(),
+                        "bytes": p.tree.memory_bytes(), "drafted": p.drafted,
+                        "accepted": p.accepted}
+        return {"problems": len(self.problems), "stored_tokens": self.stored_tokens,
+                "bytes": sum(v["bytes"] for v in per.values()), "per_problem": per}
+
+    def sequences(self, problem_id: str) -> Iterable[list[int]]:
+        p = self.problems.get(problem_id)
+        if p is None:
+            return []
+        return [p.tree.sequence(s) for s in p.tree.sequences()]
+
+    # ----------------------------------------------------------------- internals
+    def _new_seq(self, problem_id: str) -> int:
+        seq = self._next_seq
+        self._next_seq += 1
+        self._size[seq] = (problem_id, 0)
+        return seq
+
+    def _grow(self, seq: int, n: int) -> None:
+        pid, size = self._size[seq]
+        self._size[seq] = (pid, size + n)
+        self.stored_tokens += n
+
+    def _finished(self, problem_id: str, p: Problem, seq: int, output_len: int | None) -> None:
+        p.finished.append(seq)
+        p.lengths.append(output_len)
+        self._fifo.append(seq)
+        while len(p.finished) > self.window:
+            self._remove(problem_id, p, p.finished.popleft())
+            p.lengths.popleft()
+        while self.stored_tokens > self.max_stored_tokens and self._fifo:
+            old = self._fifo.popleft()
+            if old not in self._size:
+                continue
+            opid, _ = self._size[old]
+            op = self.problems[opid]
+            idx = op.finished.index(old)
+            del op.finished[idx]
+            del op.lengths[idx]
+            self._remove(opid, op, old)
+        if len(self._fifo) > 2 * len(self._size) + 1024:    # drop ids the window removed
+            self._fifo = deque(s for s in self._fifo if s in self._size)
+        self._drop_if_empty(problem_id, p)
+
+    def _remove(self, problem_id: str, p: Problem, seq: int) -> None:
+        _, n = self._size.pop(seq, (problem_id, 0))
+        self.stored_tokens -= n
+        if seq in p.tree:
+            p.tree.remove(seq)
+        self._drop_if_empty(problem_id, p)
+
+    def _drop_if_empty(self, problem_id: str, p: Problem) -> None:
+        if not p.finished and not p.growing and self.problems.get(problem_id) is p:
+            del self.problems[problem_id]
+
+
+__all__ = ["ProblemTrees"]

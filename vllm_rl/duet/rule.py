@@ -1,0 +1,184 @@
+"""DUET in the engine: marker-gated abort with eps-keep (Sec. 3.2, Eq. 5; Alg. A.10 l.12-33).
+
+Per sample, with ``t`` its number of generated tokens:
+
+* polling (l.17): from ``t >= K1`` on, every ``poll`` tokens, the marker detector reads
+  the decoded last 256 tokens; the detectors fire only on a complete answer span, so a
+  sample whose marker fires ends at that poll (tail trim, l.20: within ``poll <= G``
+  tokens of the marker, never past ``tau_marker + G``);
+* gate (l.23-30): a sample reaching ``t >= K2 + G`` with no marker draws one coin,
+  reproducible from the request seed: with probability ``1 - eps`` it is aborted now
+  (weight 0), else it is kept to its natural end with weight ``1/eps`` (no trim, no
+  second coin);
+* every other sample is kept with propensity 1.
+
+Inside a DARTS group (the composition rule, ``docs/ARCHITECTURE.md``) the gate is DARTS's
+adaptive length cap: a sample past ``K2 + G`` with no marker is aborted, never kept by a
+coin (``eps = 0``; it counts as invalid, like one cut at ``max_tokens``, which DARTS never
+selects), so no 1/eps weight meets DARTS's selection.
+
+``K1``/``K2`` come from the flags or from :class:`OnlineThresholds` (App. A.3): quantiles
+of the *natural* stopping length, estimated from every DUET sample's end with the samples
+that other techniques (or the gate itself, or ``max_tokens``) cut short counted as
+right-censored, and the coins' survivors reweighted by their inverse propensities.  The
+policy only decides; the scheduler ends the request.
+"""
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from vllm_rl.coins import seeded_uniform
+from vllm_rl.duet.markers import Detector
+from vllm_rl.flags import DuetFlags
+
+WINDOW_TOKENS = 256      # the detector reads the last 256 tokens (App. A.3)
+
+
+class Action(enum.Enum):
+    TRIM = "trim"        # marker fired: the answer is complete, end the sample
+    ABORT = "abort"      # past K2 + G with no marker, coin says abort
+
+
+@dataclass
+class DuetState:
+    """One sample's DUET state, created at admission."""
+
+    flags: DuetFlags
+    detector: Detector
+    k1: int
+    k2: int
+    coin: float                       # U ~ Uniform[0, 1), drawn once from the seed
+    eps: float = -1.0                 # the keep probability at the gate (flags' eps; 0 in
+                                      # a DARTS group); negative: take the flags'
+    next_poll: int = 0
+    marker_pos: int | None = None     # tokens generated when the marker was seen
+    keep_decided: bool = False        # the gate has been reached (l.24)
+
+    def __post_init__(self) -> None:
+        if self.eps < 0:
+            self.eps = self.flags.eps
+
+    @property
+    def keep_prob(self) -> float:
+        """p_abort of Eq. 6: the propensity with which this sample was kept."""
+        return self.eps if self.keep_decided else 1.0
+
+    @property
+    def weight(self) -> float:
+        """Importance weight of a kept sample: 1/eps after the coin, else 1."""
+        return 1.0 / self.eps if self.keep_decided and self.eps > 0 else 1.0
+
+
+def seeded_coin(seed: int | None, prompt_token_ids, request_id: str) -> float:
+    """The keep coin, fresh randomness independent of the generated tokens (Thm. 3, A5).
+
+    A seeded request draws it from its seed and its prompt (each child of an ``n > 1``
+    request has its own seed), so a seeded rollout is reproducible and requests that
+    share a seed across prompts still get independent coins; an unseeded request draws
+    it from its (random) request id.
+    """
+    return seeded_uniform("duet-coin", seed, prompt_token_ids, request_id)
+
+
+def step(state: DuetState, num_tokens: int, text_of_tail) -> Action | None:
+    """Apply Alg. A.10 l.17-30 after the sample has ``num_tokens`` tokens.
+
+    ``text_of_tail()`` decodes the last :data:`WINDOW_TOKENS` tokens; it is called only
+    on a poll.
+    """
+    f = state.flags
+    if state.keep_decided:
+        return None                                   # eps-kept: runs to its natural end
+    if num_tokens >= state.k1 and num_tokens >= state.next_poll:
+        state.next_poll = num_tokens - num_tokens % f.poll + f.poll
+        if state.detector(text_of_tail()):
+            state.marker_pos = num_tokens
+            return Action.TRIM
+    if num_tokens >= state.k2 + f.grace:
+        state.keep_decided = True
+        if state.coin >= state.eps:
+            return Action.ABORT
+    return None
+
+
+@dataclass
+class OnlineThresholds:
+    """K1 = p30 and K2 = p80 of the natural stopping length over the last 1024 DUET
+    samples, refit every 10 rounds (App. A.3: window W = 1,024, refit cadence N = 10,
+    K1 ← p30, K2 ← p80; cold start K1 = 0.3 L_max, K2 = 0.7 L_max).
+
+    One estimator per marker kind.  The paper fills its window with "kept rollouts"; here
+    the lengths that matter are the *natural* ones, and many samples never show theirs:
+    the gate aborts the long ones, ``max_tokens`` cuts others, DARTS cancels a stopped
+    group's live members, ARRoL prunes at ``l_detect``.  Taking only the lengths that
+    did end would estimate the quantiles of a distribution the gate itself truncated, and
+    every refit would lower K2 again (a ratchet).  So each sample's end enters the window
+    as an observation ``(length, ended, weight)``:
+
+    * ended by the model or at its marker (EOS, stop, DUET trim): an event at its length;
+    * cut short (gate abort, ``max_tokens``, DARTS cancel): right-censored at its length
+      (its natural length is longer); these cut-offs do not depend on the sample's own
+      future, so the Kaplan–Meier estimate is unbiased for them;
+    * a coin's survivor carries the inverse of its propensity (inverse-probability-of-
+      censoring weights): 1/eps for one kept at the gate, 1/p for one that survived
+      ARRoL's coin; ARRoL-pruned samples leave (their prune depended on their score).
+
+    :func:`km_quantile` reads the weighted Kaplan–Meier estimate.  Until the first refit
+    the cold start is ``0.3 * L_max`` / ``0.7 * L_max`` with ``L_max`` the request's
+    ``max_tokens``.  A *round* ends each time the engine has no DUET sample left (one
+    rollout step of a synchronous RL loop).
+    """
+
+    window: int = 1024
+    refit_every: int = 10
+    observations: deque = field(default_factory=deque)
+    rounds: int = 0
+    k1: int | None = None
+    k2: int | None = None
+
+    def thresholds(self, max_tokens: int) -> tuple[int, int]:
+        if self.k1 is None or self.k2 is None:
+            return int(0.3 * max_tokens), int(0.7 * max_tokens)
+        return self.k1, self.k2
+
+    def observe(self, length: int, ended: bool = True, weight: float = 1.0) -> None:
+        self.observations.append((int(length), bool(ended), float(weight)))
+        if len(self.observations) > self.window:
+            self.observations.popleft()
+
+    def end_round(self) -> None:
+        self.rounds += 1
+        if self.rounds % self.refit_every == 0 and self.observations:
+            obs = list(self.observations)
+            self.k1 = km_quantile(obs, 0.30)
+            self.k2 = max(self.k1, km_quantile(obs, 0.80))
+
+
+def km_quantile(observations, q: float) -> int:
+    """The ``q``-quantile of a length distribution from weighted right-censored
+    observations ``(length, ended, weight)``: the smallest length t at which the
+    weighted Kaplan–Meier estimate of P(L <= t) reaches ``q``.  If it never does (too
+    much mass censored beyond the last event), the largest observed length: the natural
+    length of more than ``1 - q`` of the samples lies past everything seen."""
+    events: dict[int, float] = {}
+    for length, ended, w in observations:
+        if ended:
+            events[length] = events.get(length, 0.0) + w
+    at_risk = sum(w for _, _, w in observations)
+    by_len = sorted(observations)
+    survival, j = 1.0, 0
+    for t in sorted(events):
+        while j < len(by_len) and by_len[j][0] < t:     # left the risk set before t
+            at_risk -= by_len[j][2]
+            j += 1
+        if at_risk > 0:
+            survival *= 1.0 - events[t] / at_risk
+        if 1.0 - survival >= q - 1e-12:
+            return t
+    return max(length for length, _, _ in observations)
+
+
+__all__ = ["Action", "DuetState", "OnlineThresholds", "WINDOW_TOKENS", "km_quantile", "seeded_coin",
+           "step"]
