@@ -56,11 +56,15 @@ def parser() -> argparse.ArgumentParser:
                     help=f"comma-separated, among {', '.join(CONFIGS)} (stock always runs)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration (default 3)")
     ap.add_argument("--steps", type=int, default=40, help="GRPO steps per run (default 40)")
-    ap.add_argument("--prompts", type=int, default=6, help="prompts per step (default 6)")
+    ap.add_argument("--prompts", type=int, default=4,
+                    help="prompts per step (default 4: the default run fits an hour on 2 cores)")
     ap.add_argument("--m", type=int, default=8, help="samples per prompt in the loss, M")
     ap.add_argument("--pool", type=int, default=96,
-                    help="training prompts, cycled (default 96: 2.5 epochs in 40 steps)")
-    ap.add_argument("--max-tokens", type=int, default=256)
+                    help="training prompts, cycled (default 96: 1.7 epochs in 40 steps of 4)")
+    ap.add_argument("--max-tokens", type=int, default=192,
+                    help="generation cap, training and held-out (default 192, 3.5x the mean "
+                         "length: a CPU engine step is overhead-bound, so a run's time goes "
+                         "with its longest sample)")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--eval-prompts", type=int, default=64)
@@ -75,6 +79,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cost", default="h100:qwen3-8b",
                     help="the step-cost table the rollouts are priced on")
     ap.add_argument("--out", default="bench-results", help="folder for JSON, PNG, vllm.log")
+    ap.add_argument("--resume", action="store_true",
+                    help="reuse the runs already in --out/runs from the same arguments")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: stock and all, 1 seed, 2 steps, 8 held-out prompts "
                          "x 2, one worker (about two minutes)")
@@ -238,7 +244,8 @@ def _task_reward(prompts, completions, **_):
 
 
 def _worker(jobs, args_dict, queue) -> None:
-    """A worker process: one CPU thread, its own engines, jobs in order."""
+    """A worker process: one CPU thread, its own engines, jobs taken from the shared
+    ``jobs`` queue until it hands out ``None`` (so the workers stay balanced)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -255,7 +262,7 @@ def _worker(jobs, args_dict, queue) -> None:
     torch.set_num_threads(1)
     engines: dict = {}
     start_cache: dict = {}             # the step-0 accuracy: same weights, same eval samples
-    for name, seed in jobs:
+    for name, seed in iter(jobs.get, None):
         try:
             _engines(engines)
             result = run_one(name, seed, args, engines,
@@ -432,6 +439,24 @@ def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
 # ----------------------------------------------------------------------------- main
 
 
+# the arguments that decide a run's result (a finished run is reused only if they match)
+RUN_ARGS = ("steps", "prompts", "m", "pool", "max_tokens", "lr", "eval_every", "eval_prompts",
+            "eval_samples", "heldout_seed", "l_detect", "arrol_cold", "cost")
+
+
+def _run_args(args) -> dict:
+    return {k: getattr(args, k) for k in RUN_ARGS}
+
+
+def _finished(out: Path, name: str, seed: int, args) -> dict | None:
+    """A run this folder already holds from the same arguments (``--resume``)."""
+    path = out / "runs" / f"{name}-s{seed}.json"
+    if not path.exists():
+        return None
+    run = json.loads(path.read_text())
+    return run if run.get("args") == _run_args(args) else None
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = parser()
     args = ap.parse_args(argv)
@@ -444,23 +469,27 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         ap.error(f"unknown configuration(s) {sorted(unknown)}; choose from {list(CONFIGS)}")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = [(n, s) for s in range(args.seeds) for n in names]
-    workers = max(1, min(args.workers, len(jobs)))
-    shares = [jobs[i::workers] for i in range(workers)]
-    print(f"{len(jobs)} runs ({', '.join(names)} × {args.seeds} seed(s), {args.steps} steps) "
-          f"on {workers} worker(s); vLLM's log: {out / 'vllm.log'}")
+    runs = [r for r in (_finished(out, n, s, args) for n, s in jobs) if r] if args.resume else []
+    todo = [j for j in jobs if (j[0], j[1]) not in {(r["config"], r["seed"]) for r in runs}]
+    workers = max(1, min(args.workers, len(todo)))
+    print(f"{len(jobs)} runs ({', '.join(names)} × {args.seeds} seed(s), {args.steps} steps), "
+          f"{len(runs)} already done, on {workers} worker(s); vLLM's log: {out / 'vllm.log'}")
     import multiprocessing as mp
 
     from tqdm import tqdm
 
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(share, vars(args), queue)) for share in shares]
+    queue, job_queue = ctx.Queue(), ctx.Queue()
+    for job in todo + [None] * workers:
+        job_queue.put(job)
+    procs = [ctx.Process(target=_worker, args=(job_queue, vars(args), queue))
+             for _ in range(workers if todo else 0)]
     for p in procs:
         p.start()
-    bar = tqdm(total=len(jobs) * args.steps, unit="step", desc="GRPO steps")
-    runs, errors, alive = [], [], len(procs)
+    bar = tqdm(total=len(todo) * args.steps, unit="step", desc="GRPO steps")
+    errors, alive = [], len(procs)
     t0 = time.perf_counter()
     while alive:
         kind, name, seed, payload = queue.get()
@@ -472,6 +501,8 @@ def main(argv: list[str] | None = None) -> None:
             bar.set_postfix_str(msg)
         elif kind == "done":
             runs.append(payload)
+            payload["args"] = _run_args(args)
+            (out / "runs" / f"{name}-s{seed}.json").write_text(json.dumps(payload))
         elif kind == "error":
             errors.append((name, seed, payload))
             bar.write(f"run {name}/seed {seed} failed:\n{payload}")
