@@ -61,6 +61,20 @@ def test_summary_reports_time_to_stock_final_and_ratios():
     assert st["final_lo"] < st["final"] < st["final_hi"]
     assert al["time_to_target_s"] < 2.0 and al["time_to_target_frac"] < 1 / 3
     assert "| all |" in train.table(summary)
+    # paired by seed: all - stock = 0.7 - (0.65 + 0.01 s), mean 0.04, interval over 3 seeds
+    assert al["delta"] == pytest.approx(0.04)
+    assert al["delta_lo"] < 0.04 < al["delta_hi"] and st["delta"] == 0.0
+
+
+def test_resume_reuses_only_runs_from_the_same_arguments(tmp_path):
+    args = train.parser().parse_args(["--out", str(tmp_path)])
+    (tmp_path / "runs").mkdir()
+    run = {"config": "stock", "seed": 0, "args": train._run_args(args)}
+    (tmp_path / "runs" / "stock-s0.json").write_text(__import__("json").dumps(run))
+    assert train._finished(tmp_path, "stock", 0, args) == run
+    assert train._finished(tmp_path, "stock", 1, args) is None
+    args.max_tokens += 1
+    assert train._finished(tmp_path, "stock", 0, args) is None
 
 
 def test_bench_train_help_and_bad_config():

@@ -27,7 +27,7 @@ configuration's wall-time ratio to ``stock`` on them.
 
 Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) unless ``--multiprocess``:
 on this 2-core machine vLLM's engine-core and worker processes compete with the compute
-for the cores, which slowed every configuration here (stock by 35%) and the speculative
+for the cores, which slows every configuration here, and the speculative
 ones most (they add a round trip per step to fetch the drafts).  Either way every
 configuration runs the same way.
 
@@ -192,15 +192,19 @@ ALL = ["stock", "stock-sync", "ngram", "suffix", "das-class", "das-fixed", "das-
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="vllm-rl bench das", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="vllm-rl bench das", description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="model path (default: the embedded model)")
-    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=64, help="held-out prompts (default 64)")
     ap.add_argument("--m", type=int, default=8, help="samples per prompt")
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--epochs", type=int, default=3,
+                    help="epochs over the prompts; the first fills the trees (default 3)")
+    ap.add_argument("--max-tokens", type=int, default=256, help="(default 256)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--configs", default=",".join(ALL))
-    ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--configs", default=",".join(ALL),
+                    help=f"comma-separated, among {', '.join(ALL)} (default all)")
+    ap.add_argument("--out", default="bench-results", help="folder for JSON and vLLM's log")
     ap.add_argument("--multiprocess", action="store_true",
                     help="vLLM's default engine-core and worker processes (default: in-process)")
     args = ap.parse_args(argv)

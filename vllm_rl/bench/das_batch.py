@@ -51,11 +51,16 @@ def run(llm, prompts, size: int, seed: int, das: dict, max_tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="vllm-rl bench das-batch", description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1,4,16,64,128,256,512")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--out", default="bench-results/das_batch.json")
+    ap = argparse.ArgumentParser(prog="vllm-rl bench das-batch",
+                                 description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1,4,16,64,128,256,512",
+                    help="batch sizes B, comma-separated (default 1,4,16,64,128,256,512)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="interleaved repeats per size; medians reported (default 3)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="(default 128)")
+    ap.add_argument("--out", default="bench-results/das_batch.json", help="the JSON file")
     args = ap.parse_args(argv)
 
     from vllm import SamplingParams

@@ -62,6 +62,9 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
     ap.add_argument("--cost", default="h100:qwen3-8b",
                     help="the step-cost table the runs are priced on, and the DAS engine "
                          "plans with (default h100:qwen3-8b)")
+    ap.add_argument("--das-batch-cap", default=None, choices=("phase", "cost", "linear"),
+                    help="the DAS engine's batch cap (DASConfig.batch_cap; default the "
+                         "engine's, 'cost')")
     ap.add_argument("--model", default=None, help="model path (default: the embedded model)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench-results", help="folder for JSON, PNGs, vllm.log")
@@ -248,7 +251,8 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
     bar.set_postfix_str("starting engines (stock vLLM, RL)")
     kv = int(args.kv_gib * (1 << 30))
     stock = stock_engine(model, args.seed, args.gpu_limits, kv)
-    rl = rl_engine(model, args.seed, args.gpu_limits, kv, cost=args.cost)
+    das = {"batch_cap": args.das_batch_cap} if args.das_batch_cap else True
+    rl = rl_engine(model, args.seed, args.gpu_limits, kv, das=das, cost=args.cost)
     cost = load_cost(args.cost)
     bar.update(1)
     bar.set_postfix_str("previous steps (DAS trees, DARTS lengths, DUET K1/K2, ARRoL head)")

@@ -363,6 +363,11 @@ def summarize(runs: list[dict]) -> dict:
                    statistics.fmean(s["length"] for s in r["steps"][-5:]) for r in rs),
                "curve": mean_pts, **diag}
         if stock_final is not None:
+            stock_by_seed = {r["seed"]: curve(r)[-1][2] for r in by["stock"]}
+            pairs = [c[-1][2] - stock_by_seed[r["seed"]] for r, c in zip(rs, curves)
+                     if r["seed"] in stock_by_seed]
+            if pairs:                                 # same seed, same held-out samples
+                row["delta"], row["delta_lo"], row["delta_hi"] = t_interval(pairs)
             row["target"] = stock_final[1]            # the lower end of stock's final CI
             row["time_to_target_s"] = time_to(mean_pts, stock_final[1])
         out[name] = row
@@ -375,8 +380,15 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
+def _delta(r: dict) -> str:
+    if "delta" not in r:
+        return "–"
+    return f"{r['delta']:+.3f} ({r['delta_lo']:+.3f} to {r['delta_hi']:+.3f})"
+
+
 def table(summary: dict) -> str:
-    head = ("config", "seeds", "held-out start", "final (95% CI)", "time to stock's final, "
+    head = ("config", "seeds", "held-out start", "final (95% CI)", "vs stock, paired (95% CI)",
+            "time to stock's final, "
             "proj. s (× stock total)", "total proj. s (× stock)", "tokens", "train reward "
             "(last 5)", "loss samples / group", "zero-adv groups", "ESS / n", "1/ε share")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -385,7 +397,8 @@ def table(summary: dict) -> str:
         tts = "not reached" if tt is None else f"{tt:.1f} ({r['time_to_target_frac']:.2f})"
         lines.append(
             f"| {name} | {r['seeds']} | {r['start']:.3f} | {r['final']:.3f} "
-            f"({r['final_lo']:.3f}–{r['final_hi']:.3f}) | {tts} | {r['h100_total_s']:.1f} "
+            f"({r['final_lo']:.3f}–{r['final_hi']:.3f}) | {_delta(r)} | {tts} | "
+            f"{r['h100_total_s']:.1f} "
             f"({r.get('h100_vs_stock') or 0:.2f}×) | {r['tokens']:,.0f} | "
             f"{r['train_reward_last5']:.3f} | {r.get('loss_samples_mean', 0):.1f} | "
             f"{r.get('zero_adv_groups', 0):.2f} | {r.get('ess_fraction', 0):.2f} | "

@@ -155,10 +155,10 @@ def phase_budgets(step_ms: Callable[[int], float], batch: int, q: Sequence[float
         step_ms(Σ_i k_i / batch) / (batch + Σ_i S(q_i, k_i))
 
     (ties: fewer drafts).  On a GPU that is *phase-aware* drafting: in the bulk of a
-    rollout step (hundreds of sequences, a compute-bound step, widening by 8 drafts
-    costs several times a plain step on the H100 table at B = 256) only drafts with a high acceptance pay, and
-    few of them; in the tail (a handful of sequences, a memory-bound step, +15 % at
-    B = 16) every draft pays and each request drafts its full budget, which is where
+    rollout step (hundreds of sequences, a compute-bound step, where widening by 8
+    drafts costs several plain steps) only drafts with a high acceptance pay, and few
+    of them; in the tail (a handful of sequences, a memory-bound step, widening nearly
+    free) every draft pays and each request drafts its full budget, which is where
     Eq. 4 says the batch's time goes (N_fwd is set by the longest requests).
 
     Exact: for a total of D drafts, the best split takes the D largest marginal gains
