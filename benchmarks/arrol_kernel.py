@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         print("arrol_kernel: CUDA is needed for this benchmark (the CPU path is PyTorch's; "
-              "tests/test_arrol_kernel.py checks the kernel under Triton's interpreter)")
+              "tests/unit/test_arrol_kernel.py checks the kernel under Triton's interpreter)")
         return 0
     m = load_head()
     torch.manual_seed(0)

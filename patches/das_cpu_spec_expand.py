@@ -11,7 +11,7 @@ speculative step with ``temperature > 0`` samples from a garbage distribution (s
 ``ngram`` and ``suffix`` included): drafts are almost never accepted and the emitted
 tokens are not the model's.  Greedy requests never expand and are unaffected.  The
 replacement computes the same expansion with ``repeat_interleave`` (any dtype);
-``tests/test_patches.py`` shows the stock function's wrong output and the fixed one.
+``tests/unit/test_patches.py`` shows the stock function's wrong output and the fixed one.
 """
 from __future__ import annotations
 

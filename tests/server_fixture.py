@@ -3,8 +3,8 @@
 The server runs the embedded model with the DAS drafter and an ARRoL head (so group,
 darts, duet, das and arrol flags are all valid), the multiprocess engine (engine core
 in its own process, ``/metrics`` served by the API server).  :func:`shared_server`
-starts it once per pytest process and stops it at exit, so ``tests/test_metrics.py``
-and ``tests/test_soak.py`` share it.
+starts it once per pytest process and stops it at exit, so ``tests/engine/test_metrics.py``
+and ``tests/engine/test_soak.py`` share it.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Soak: a bounded, seeded storm of valid and invalid flag sets against a live server.
 
 One ``python -m vllm_rl.serve`` (the DAS drafter and an ARRoL head, so every section is
-valid; shared with ``tests/test_metrics.py``) on loopback gets, from several client
+valid; shared with ``tests/engine/test_metrics.py``) on loopback gets, from several client
 threads at once: random valid flag sets of every section (group, darts, duet, das,
 arrol) in the JSON and the dotted form, streamed and not, some aborted by the client at
 a random point; groups sent as single requests (one ``group.id``, ``group.size`` /

@@ -1,7 +1,7 @@
 """The serving-layer flag check (``vllm_rl/http_flags.py``) without a server: which
 bodies it rejects, which it leaves to vLLM, and the 400 it answers.  The live-server
 behaviour (a real 400 before any stream, both routes, the DAS check against the
-server's real engine config) is in ``tests/test_server.py``."""
+server's real engine config) is in ``tests/engine/test_server.py``."""
 import json
 
 import pytest

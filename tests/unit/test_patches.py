@@ -1,7 +1,7 @@
 """Every patch names the vLLM versions it was checked on and fails loudly on another shape.
 
 ``check()`` reads the installed vLLM's live objects (a monkeypatched target is what it
-sees); ``check(tree)`` reads any release's files (tests/test_compat_check.py mutates them).
+sees); ``check(tree)`` reads any release's files (tests/unit/test_compat_check.py mutates them).
 """
 import inspect
 

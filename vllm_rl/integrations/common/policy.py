@@ -14,7 +14,7 @@ verl runs ``rollout.n`` samples of every prompt as separate requests; the agent 
 A policy of your own (``rollout.engine_kwargs.vllm_rl.policy: pkg.module.Class``) is
 built as ``Class(settings)`` in each agent-loop worker and may vary the flags per
 problem, e.g. DUET's K1/K2 or ARRoL's ``l_detect`` from the controllers of
-:mod:`vllm_rl.control`.  verl repeats each prompt exactly ``rollout.n`` times before the
+the technique folders (``vllm_rl.duet.controller``, ``vllm_rl.arrol.controller``).  verl repeats each prompt exactly ``rollout.n`` times before the
 agent loop runs, so a per-prompt sample count (DARTS Alg. 1, DUET's Neyman allocation)
 cannot be expressed through the flags: it needs verl's batch to be built per prompt.
 """

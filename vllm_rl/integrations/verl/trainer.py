@@ -25,7 +25,7 @@ fetches, no TransferQueue checkpoint); this mode is the sync trainer under anoth
 so :attr:`RLTrainerSync.trainer_mode` reads ``"sync"``.
 
 Written against verl 0.9.1's ``PPOTrainer`` and TransferQueue 0.1.11, and run on the CPU
-(``tests/test_verl.py``): verl's own ``_step_once`` on a real TransferQueue filled by
+(``tests/integrations/test_verl.py``): verl's own ``_step_once`` on a real TransferQueue filled by
 verl's ``AgentLoopWorkerTQ`` from the RL engine, everything but the GPU worker groups
 (log-prob recomputation in bypass mode, no actor update).
 """
