@@ -23,9 +23,10 @@ every ``--eval-every`` steps, *after* the step's weights are loaded into the eng
 same seeded samples for every configuration (common random numbers).
 
 Reported per configuration: final held-out accuracy with a 95% confidence interval over
-seeds (Student t), the projected rollout time to reach stock's final accuracy (the first
-evaluation at which the seed-mean accuracy reaches the lower end of stock's final
-interval, interpolated on cumulative projected time), total projected rollout time,
+seeds (Student t) and its difference from stock paired by seed (same held-out samples),
+the projected rollout time to reach stock's final accuracy (where the seed-mean curve
+first reaches the lower end of stock's final interval, and stock's mean final accuracy,
+interpolated on cumulative projected time), total projected rollout time,
 tokens, and the learning-signal diagnostics (samples in the loss per group, zero-advantage
 groups, ESS, 1/eps weight share).  A PNG of held-out accuracy against cumulative projected
 GPU rollout time with seed bands.  Runs go to ``--workers`` processes (one CPU thread
@@ -370,14 +371,22 @@ def summarize(runs: list[dict]) -> dict:
                 row["delta"], row["delta_lo"], row["delta_hi"] = t_interval(pairs)
             row["target"] = stock_final[1]            # the lower end of stock's final CI
             row["time_to_target_s"] = time_to(mean_pts, stock_final[1])
+            row["target_mean"] = stock_final[0]       # stock's mean final accuracy
+            row["time_to_mean_s"] = time_to(mean_pts, stock_final[0])
         out[name] = row
     if "stock" in out:
         base = out["stock"]["h100_total_s"]
         for row in out.values():
             row["h100_vs_stock"] = base / row["h100_total_s"] if row["h100_total_s"] else None
-            t = row.get("time_to_target_s")
-            row["time_to_target_frac"] = t / base if t is not None and base else None
+            for key in ("target", "mean"):
+                t = row.get(f"time_to_{key}_s")
+                row[f"time_to_{key}_frac"] = t / base if t is not None and base else None
     return out
+
+
+def _time_to(r: dict, key: str) -> str:
+    t = r.get(f"time_to_{key}_s")
+    return "not reached" if t is None else f"{t:.1f} ({r[f'time_to_{key}_frac']:.2f})"
 
 
 def _delta(r: dict) -> str:
@@ -388,16 +397,16 @@ def _delta(r: dict) -> str:
 
 def table(summary: dict) -> str:
     head = ("config", "seeds", "held-out start", "final (95% CI)", "vs stock, paired (95% CI)",
-            "time to stock's final, "
-            "proj. s (× stock total)", "total proj. s (× stock)", "tokens", "train reward "
-            "(last 5)", "loss samples / group", "zero-adv groups", "ESS / n", "1/ε share")
+            "time to stock's final CI low, proj. s (× stock total)",
+            "time to stock's final mean, proj. s (× stock total)", "total proj. s (× stock)",
+            "tokens", "train reward (last 5)", "loss samples / group", "zero-adv groups",
+            "ESS / n", "1/ε share")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in summary.items():
-        tt = r.get("time_to_target_s")
-        tts = "not reached" if tt is None else f"{tt:.1f} ({r['time_to_target_frac']:.2f})"
+        tts, ttm = (_time_to(r, key) for key in ("target", "mean"))
         lines.append(
             f"| {name} | {r['seeds']} | {r['start']:.3f} | {r['final']:.3f} "
-            f"({r['final_lo']:.3f}–{r['final_hi']:.3f}) | {_delta(r)} | {tts} | "
+            f"({r['final_lo']:.3f}–{r['final_hi']:.3f}) | {_delta(r)} | {tts} | {ttm} | "
             f"{r['h100_total_s']:.1f} "
             f"({r.get('h100_vs_stock') or 0:.2f}×) | {r['tokens']:,.0f} | "
             f"{r['train_reward_last5']:.3f} | {r.get('loss_samples_mean', 0):.1f} | "
