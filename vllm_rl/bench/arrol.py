@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     from vllm_rl.task import MODEL_PATH, heldout_prompts, train_prompts
 
     model = args.model or str(MODEL_PATH)
-    common = dict(seed=args.seed, max_model_len=1024, kv_cache_memory_bytes=2 << 30)
+    common = dict(seed=args.seed, max_model_len=1024, kv_cache_memory_bytes=2 << 30,
+                  use_tqdm_on_load=False)
     llm = LLM(model, arrol=True, trace=True, **common)
     stock = vllm.LLM(model, scheduler_cls=TRACED_SCHEDULER_CLS, async_scheduling=True,
                      additional_config={"vllm_rl_trace": True}, **common)

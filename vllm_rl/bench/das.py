@@ -57,7 +57,7 @@ def engines(names: list[str], model: str, seed: int) -> dict:
     from vllm_rl import LLM
     from vllm_rl.llm import CPU_KV_CACHE_BYTES
 
-    common = dict(seed=seed, max_model_len=1024)
+    common = dict(seed=seed, max_model_len=1024, use_tqdm_on_load=False)
     stock = dict(kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, **common)
     make = {
         "stock": lambda: vllm.LLM(model, async_scheduling=True, **stock),

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     from vllm_rl import LLM, rl_params
     from vllm_rl.task import heldout_prompts
 
-    llm = LLM(max_model_len=512, das={"full_batch": 1 << 20, "off_batch": 1 << 20})
+    llm = LLM(max_model_len=512, das={"full_batch": 1 << 20, "off_batch": 1 << 20},
+              use_tqdm_on_load=False)
     prompts = heldout_prompts(64)
     extra = [rl_params(das={"problem_id": f"b{i}", "policy": "fixed"}) for i in range(64)]
     llm.generate(prompts, [SamplingParams(n=8, temperature=1.0, max_tokens=args.max_tokens,

@@ -68,7 +68,8 @@ def _worker(role: str, engine: str, conn, args: dict) -> None:
     from vllm_rl.llm import CPU_KV_CACHE_BYTES
     from vllm_rl.task import MODEL_PATH, heldout_prompts
 
-    common = dict(seed=0, max_model_len=args["max_model_len"], async_scheduling=True)
+    common = dict(seed=0, max_model_len=args["max_model_len"], async_scheduling=True,
+                  use_tqdm_on_load=False)
     if scheduler is None or not scheduler.startswith("rl"):
         llm = vllm.LLM(str(MODEL_PATH), kv_cache_memory_bytes=CPU_KV_CACHE_BYTES,
                        scheduler_cls=scheduler, **common)
