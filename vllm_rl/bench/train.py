@@ -38,8 +38,10 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -212,8 +214,9 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
                 progress(name, seed, row)
 
     torch.manual_seed(seed)
+    scratch = tempfile.mkdtemp(prefix="vllm-rl-train-")
     config = GRPOConfig(
-        output_dir=str(Path(args.out) / "train_ckpt"), max_steps=args.steps,
+        output_dir=scratch, max_steps=args.steps,       # nothing is saved there
         per_device_train_batch_size=args.prompts * args.m, num_generations=args.m,
         gradient_accumulation_steps=1, learning_rate=args.lr, beta=0.0,
         max_completion_length=args.max_tokens, logging_steps=1, report_to=[],
@@ -234,6 +237,7 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
             start_cache[kind] = start
     state["mark"] = trace.mark()                  # evaluations are not rollout time
     trainer.train()
+    shutil.rmtree(scratch, ignore_errors=True)
     return {"config": name, "seed": seed, "flags": flags, "heldout_start": start,
             "steps": steps, "wall_s": time.perf_counter() - t0}
 

@@ -1,0 +1,30 @@
+"""``vllm-rl bench step`` (the main job's benchmark) end to end at a tiny size: the two
+engines, the previous steps, every configuration against stock, the JSON, the PNGs and
+``vllm-rl bench report`` on the JSON."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_step_bench_runs_every_configuration_and_reports(tmp_path):
+    cmd = [sys.executable, "-m", "vllm_rl.cli", "bench", "step", "--prompts", "2", "--m", "2",
+           "--max-tokens", "48", "--kv-gib", "0.25", "--das-batch-cap", "phase",
+           "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    [path] = tmp_path.glob("step-*.json")
+    doc = json.loads(path.read_text())
+    rows = {r["config"]: r for r in doc["summary"]}
+    assert {"stock-2", "darts", "duet", "das", "arrol", "all"} <= set(rows)
+    for name, row in rows.items():
+        assert row["tokens"] > 0 and row["engine_steps"] > 0 and row["projected_ms"] > 0, name
+    assert rows["stock-2"]["gpu_speedup"] == 1.0
+    assert doc["args"]["das_batch_cap"] == "phase"
+    assert len(list(tmp_path.glob("step-*.png"))) == 2
+    assert "PROJECTION" in done.stdout and "| all |" in done.stdout
+    assert (tmp_path / "vllm.log").stat().st_size > 0
+    report = subprocess.run([sys.executable, "-m", "vllm_rl.cli", "bench", "report", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0 and "| all |" in report.stdout
