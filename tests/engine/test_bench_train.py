@@ -86,3 +86,14 @@ def test_bench_train_help_and_bad_config():
     assert r.returncode == 0 and "--seeds" in r.stdout and "--quick" in r.stdout
     r = run("--configs", "stock,nope")
     assert r.returncode == 2 and "nope" in r.stderr
+
+
+def test_an_outside_heldout_set_is_disjoint_from_training_and_the_fixed_set():
+    from vllm_rl.task import heldout_prompts, train_prompts
+
+    args = train.parser().parse_args(["--heldout-seed", "7"])
+    outside = train._heldout(args)
+    assert len(outside) == args.eval_prompts == len(set(outside))
+    assert not set(outside) & set(train_prompts(args.pool))
+    assert not set(outside) & set(heldout_prompts(256))
+    assert train._heldout(train.parser().parse_args([])) == heldout_prompts(args.eval_prompts)
