@@ -37,6 +37,30 @@ def _greedy(llm, prompts):
     return [o.outputs[0].text for o in outs]
 
 
+def _grpo_trainer(cls, rollout, prompts, tag, steps, batch, max_tokens, m):
+    """A TRL GRPO trainer of class ``cls`` on the embedded model, CPU, no saving, the task
+    reward masked for samples outside the loss, rollouts from ``rollout``."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from vllm_rl.integrations.trl.rollout import masked_reward
+    from vllm_rl.task import MODEL_PATH, reward
+
+    def task_reward(prompts, completions, **_):
+        return [reward(p, c) for p, c in zip(prompts, completions)]
+
+    config = GRPOConfig(output_dir=f"/tmp/vllm-rl-trl-{tag}", max_steps=steps,
+                        per_device_train_batch_size=batch, num_generations=m,
+                        learning_rate=1e-4, beta=0.0, max_completion_length=max_tokens,
+                        report_to=[], save_strategy="no", use_cpu=True, bf16=False,
+                        logging_steps=1, disable_tqdm=True, shuffle_dataset=False)
+    return cls(model=AutoModelForCausalLM.from_pretrained(MODEL_PATH),
+               reward_funcs=[masked_reward(task_reward)], args=config,
+               train_dataset=Dataset.from_dict({"prompt": prompts}),
+               processing_class=AutoTokenizer.from_pretrained(MODEL_PATH), rollout_func=rollout)
+
+
 def test_load_weights_keeps_the_rl_state(das_llm, prompts):
     """Weights reloaded into a running RL engine change its tokens, and leave the DAS
     trees and the ARRoL head as they were; loading the originals back restores the tokens."""
@@ -62,14 +86,10 @@ def test_rollout_func_trains_with_the_records_in_the_loss(das_llm):
     """TRL's GRPOTrainer, rollouts from the RL engine through rollout_func with all four
     techniques: M of M' per prompt come back, masked samples leave the loss (zero
     advantage, env_mask 0), the weights are loaded into the engine every step."""
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig
-
-    from vllm_rl.integrations.trl.rollout import RolloutFunc, masked_reward
+    from vllm_rl.integrations.trl.rollout import RolloutFunc
     from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
     from vllm_rl.outcome import RolloutInfo
-    from vllm_rl.task import MODEL_PATH, reward, train_prompts
+    from vllm_rl.task import train_prompts
 
     m, m_prime = 4, 8
     flags = {"darts": {"mode": "shortest"},
@@ -95,19 +115,8 @@ def test_rollout_func_trains_with_the_records_in_the_loss(das_llm):
 
     rollout = Checked(das_llm, flags, redundant=m_prime, max_tokens=128, seed=3)
 
-    def task_reward(prompts, completions, **_):
-        return [reward(p, c) for p, c in zip(prompts, completions)]
-
-    tok = AutoTokenizer.from_pretrained(MODEL_PATH)
-    config = GRPOConfig(output_dir="/tmp/vllm-rl-trl-test", max_steps=2,
-                        per_device_train_batch_size=2 * m, num_generations=m,
-                        learning_rate=1e-4, beta=0.0, max_completion_length=128, report_to=[],
-                        save_strategy="no", use_cpu=True, bf16=False, logging_steps=1,
-                        disable_tqdm=True, shuffle_dataset=False)
-    trainer = Capture(model=AutoModelForCausalLM.from_pretrained(MODEL_PATH),
-                      reward_funcs=[masked_reward(task_reward)], args=config,
-                      train_dataset=Dataset.from_dict({"prompt": train_prompts(8)}),
-                      processing_class=tok, rollout_func=rollout)
+    trainer = _grpo_trainer(Capture, rollout, train_prompts(8), "test", steps=2, batch=2 * m,
+                            max_tokens=128, m=m)
     try:
         trainer.train()
     finally:
@@ -193,14 +202,10 @@ def test_duet_baseline_includes_aborted_samples_in_trl(das_llm):
     """DUET alone through TRL: an aborted sample's reward is in its group's mean and std
     (Alg. A.10 l.38), its advantage is 0 and it is masked (l.39-40), an eps-kept one's
     advantage carries 1/eps: TRL's advantages equal the shared group_advantages."""
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig
-
     from vllm_rl.integrations.common.advantages import group_advantages
-    from vllm_rl.integrations.trl.rollout import RolloutFunc, masked_reward
+    from vllm_rl.integrations.trl.rollout import RolloutFunc
     from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
-    from vllm_rl.task import MODEL_PATH, reward, train_prompts
+    from vllm_rl.task import reward, train_prompts
 
     m = 4
     flags = {"duet": {"pattern": MARKER, "k1": 16, "k2": 24, "grace": 8, "eps": 0.5}}
@@ -216,19 +221,8 @@ def test_duet_baseline_includes_aborted_samples_in_trl(das_llm):
 
     rollout = RolloutFunc(das_llm, flags, max_tokens=96, seed=5)
 
-    def task_reward(prompts, completions, **_):
-        return [reward(p, c) for p, c in zip(prompts, completions)]
-
-    config = GRPOConfig(output_dir="/tmp/vllm-rl-trl-duet", max_steps=1,
-                        per_device_train_batch_size=4 * m, num_generations=m,
-                        learning_rate=1e-4, beta=0.0, max_completion_length=96, report_to=[],
-                        save_strategy="no", use_cpu=True, bf16=False, logging_steps=1,
-                        disable_tqdm=True, shuffle_dataset=False)
-    trainer = Capture(model=AutoModelForCausalLM.from_pretrained(MODEL_PATH),
-                      reward_funcs=[masked_reward(task_reward)], args=config,
-                      train_dataset=Dataset.from_dict({"prompt": train_prompts(12)[8:12]}),
-                      processing_class=AutoTokenizer.from_pretrained(MODEL_PATH),
-                      rollout_func=rollout)
+    trainer = _grpo_trainer(Capture, rollout, train_prompts(12)[8:12], "duet", steps=1,
+                            batch=4 * m, max_tokens=96, m=m)
     try:
         trainer.train()
     finally:

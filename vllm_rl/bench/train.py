@@ -339,9 +339,10 @@ def summarize(runs: list[dict]) -> dict:
     for r in runs:
         by.setdefault(r["config"], []).append(r)
     out: dict = {}
-    stock_final = None
+    stock_final, stock_by_seed = None, {}
     if "stock" in by:
-        stock_final = t_interval([curve(r)[-1][2] for r in by["stock"]])
+        stock_by_seed = {r["seed"]: curve(r)[-1][2] for r in by["stock"]}
+        stock_final = t_interval(list(stock_by_seed.values()))
     for name in [c for c in CONFIGS if c in by]:
         rs = by[name]
         curves = [curve(r) for r in rs]
@@ -368,7 +369,6 @@ def summarize(runs: list[dict]) -> dict:
                    statistics.fmean(s["length"] for s in r["steps"][-5:]) for r in rs),
                "curve": mean_pts, **diag}
         if stock_final is not None:
-            stock_by_seed = {r["seed"]: curve(r)[-1][2] for r in by["stock"]}
             pairs = [c[-1][2] - stock_by_seed[r["seed"]] for r, c in zip(rs, curves)
                      if r["seed"] in stock_by_seed]
             if pairs:                                 # same seed, same held-out samples
