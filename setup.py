@@ -65,7 +65,7 @@ setup(
     ext_modules=ext_modules(),
     cmdclass={"build_ext": CMakeBuild},
     install_requires=["numpy", "tqdm", "google-re2", "matplotlib"],
-    extras_require={"test": ["pytest>=8", "hypothesis>=6"]},
+    extras_require={"test": ["pytest>=8", "hypothesis>=6", "ruff==0.17.6"]},
     entry_points={
         "vllm.general_plugins": ["vllm_rl = vllm_rl.plugin:register"],
         "vllm.endpoint_plugins": ["vllm_rl = vllm_rl.endpoint:RLEndpoints"],

@@ -48,7 +48,8 @@ def measure(llm, sizes: list[int], t1: int, t2: int, repeats: int) -> list[tuple
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help="model path or id (default: the embedded "
+                    "demo model, vllm_rl.task.MODEL_PATH)")
     ap.add_argument("--sizes", default="1,2,4,8,16,32,64,128,256,512")
     ap.add_argument("--t1", type=int, default=16)
     ap.add_argument("--t2", type=int, default=80)
@@ -58,8 +59,9 @@ def main() -> None:
 
     from vllm_rl.cost import OnlineCost
     from vllm_rl.llm import LLM
+    from vllm_rl.task import MODEL_PATH
 
-    llm = LLM(args.model, seed=0, max_model_len=1024)
+    llm = LLM(args.model or MODEL_PATH, seed=0, max_model_len=1024)
     points = measure(llm, [int(s) for s in args.sizes.split(",")], args.t1, args.t2, args.repeats)
     # the project's one PTL model: a step-cost model (here fitted to these decode steps,
     # as the engine's OnlineCost fits its own) read as PTL(B) (StepCost.ptl)

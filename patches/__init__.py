@@ -15,7 +15,7 @@ import inspect
 from typing import Any, Callable
 
 MODULES = ("flags_admission", "das_proposer_context", "das_cpu_spec_expand", "arrol_capture",
-           "metrics_records")
+           "metrics_records", "weight_sync", "cpu_seeded_chunks")
 
 
 class PatchMismatch(RuntimeError):

@@ -4,21 +4,22 @@ Patched internal: ``vllm.v1.engine.input_processor.InputProcessor.process_inputs
 
 Why a patch: vLLM validates ``SamplingParams`` at admission, but its only hook for
 extra checks (a custom logits processor's ``validate_params``) also switches off
-speculative decoding, which DAS needs.  The wrapper runs before vLLM's own body, so a
-bad flag raises ``VLLMValidationError`` (HTTP 400 on the server) naming the flag, the
+speculative decoding, which DAS needs.  The wrapper runs before vLLM's own body and
+reads the flags with the one reader (:func:`vllm_rl.flags.read`, the request's ``n``),
+so a bad flag raises ``VLLMValidationError`` (HTTP 400 on the server) naming the flag, the
 request never reaches the engine, and every other request goes on.  After vLLM's body
-it writes the canonical flags (defaults filled, a group id for a group sent as one
-request, the DAS problem id of a prompt-keyed request) into the request's own copy of
-the params, before ``n > 1`` fans out.  Flags the engine cannot serve (DAS on an engine
+it writes the canonical flags (:meth:`vllm_rl.flags.RLFlags.canonical`: defaults
+filled, a group id for a group sent as one request, the DAS problem id of a prompt-keyed
+request) into the request's own copy of the params, before ``n > 1`` fans out; the
+engine reads that form once per request.  Flags the engine cannot serve (DAS on an engine
 started without its drafter, a budget above the engine's) are rejected the same way.
 """
 from __future__ import annotations
 
 import functools
-import inspect
 import uuid
 
-from . import PatchMismatch, checked_target
+from . import PatchMismatch
 
 TARGET = "vllm.v1.engine.input_processor.InputProcessor.process_inputs"
 CHECKED = ("0.32.0", "0.33.0")
@@ -88,25 +89,26 @@ def apply() -> None:
         from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import SamplingParams
 
-        from vllm_rl.flags import KEY, FlagError, extract, normalize
+        from vllm_rl.flags import KEY, FlagError, read
         from vllm_rl.arrol.config import check_engine as check_arrol
-        from vllm_rl.das.config import check_engine, default_problem_id
+        from vllm_rl.das.config import check_engine, prompt_problem_id
 
         if not isinstance(params, SamplingParams) or not params.extra_args:
             return original(self, request_id, prompt, params, *args, **kwargs)
+        group_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
         try:
-            raw = extract(params.extra_args)
-            if raw is None:
+            flags = read(params.extra_args, n=params.n, default_group_id=group_id)
+            if flags is None:
                 return original(self, request_id, prompt, params, *args, **kwargs)
-            group_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
-            canonical = normalize(raw, n=params.n, default_group_id=group_id)
-            check_engine(canonical, self.vllm_config)
-            check_arrol(canonical, self.vllm_config)
+            flags = check_arrol(check_engine(flags, self.vllm_config), self.vllm_config)
         except FlagError as e:
             raise VLLMValidationError(str(e), parameter=f"{KEY}.{e.flag}") from e
         request = original(self, request_id, prompt, params, *args, **kwargs)
+        canonical = flags.canonical()
         if "das" in canonical and canonical["das"]["problem_id"] is None:
-            canonical["das"]["problem_id"] = default_problem_id(raw, request.prompt_token_ids)
+            named = flags.group is not None and flags.group.id not in ("", group_id)
+            canonical["das"]["problem_id"] = flags.group.id if named \
+                else prompt_problem_id(request.prompt_token_ids)
         own = request.sampling_params
         own.extra_args = {k: v for k, v in own.extra_args.items() if not k.startswith(KEY)}
         own.extra_args[KEY] = canonical

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Install if needed, then run the whole test suite (extra arguments go to pytest).
+# Install if needed, lint (ruff, the rules in pyproject.toml), then run the whole test suite
+# (extra arguments go to pytest; its exit status is the script's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec "${VLLM_RL_VENV:-.venv}/bin/python" -m pytest "$@"
+venv="${VLLM_RL_VENV:-.venv}"
+"$venv/bin/python" -m ruff check .
+exec "$venv/bin/python" -m pytest "$@"

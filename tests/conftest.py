@@ -25,8 +25,32 @@ def shutdown(llm) -> None:
 def rl_llm():
     """``vllm_rl.LLM`` on the embedded model, multiprocess engine core (the user's path)."""
     from vllm_rl import LLM
+    from vllm_rl.task import MODEL_PATH
 
-    llm = LLM(seed=0, max_model_len=MAX_MODEL_LEN)
+    llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN)
+    yield llm
+    shutdown(llm)
+
+
+@pytest.fixture(scope="session")
+def inproc_llm():
+    """``vllm_rl.LLM`` with the engine core in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``llm_engine.step()`` is exactly one engine
+    step, and the scheduler can be read between steps."""
+    import os
+
+    from vllm_rl import LLM
+    from vllm_rl.task import MODEL_PATH
+
+    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN)
+    finally:
+        if old is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
     yield llm
     shutdown(llm)
 
@@ -37,8 +61,10 @@ def das_llm():
     scheduling, with the linear batch cap (the policy tests need budgets that do not
     depend on this machine's step times) and an ARRoL head (the all-four tests)."""
     from vllm_rl import LLM
+    from vllm_rl.task import MODEL_PATH
 
-    llm = LLM(seed=0, max_model_len=MAX_MODEL_LEN, das={"batch_cap": "linear"}, arrol=True)
+    llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN, das={"batch_cap": "linear"},
+              arrol=True)
     yield llm
     shutdown(llm)
 
@@ -48,8 +74,9 @@ def arrol_llm():
     """``vllm_rl.LLM(arrol=True)``: ARRoL's head on the V1 runner, multiprocess engine core
     (the verdicts cross vLLM's executor with the step's output)."""
     from vllm_rl import LLM
+    from vllm_rl.task import MODEL_PATH
 
-    llm = LLM(seed=0, max_model_len=MAX_MODEL_LEN, arrol=True)
+    llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN, arrol=True)
     yield llm
     shutdown(llm)
 

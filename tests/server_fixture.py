@@ -11,10 +11,12 @@ from __future__ import annotations
 import atexit
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,21 +38,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(cmd: list[str], log: Path, what: str = "the server") -> tuple[subprocess.Popen, str]:
-    """Start ``cmd`` plus ``--host 127.0.0.1 --port P`` with its output in ``log``; wait
-    for ``/health``.  Returns (process, base URL); raises with the log's tail if it dies."""
+def launch(cmd: list[str], log: Path, what: str = "the server",
+           env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start ``cmd`` plus ``--host 127.0.0.1 --port P`` with its output in ``log`` (``env``:
+    variables added to this process's environment); wait for ``/health``.  Returns
+    (process, base URL); raises with the log's tail if it dies."""
     port = _free_port()
     with open(log, "w") as out:
         proc = subprocess.Popen([*cmd, "--host", "127.0.0.1", "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT)
+                                stdout=out, stderr=subprocess.STDOUT,
+                                env=None if env is None else {**os.environ, **env})
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
+    deadline = time.monotonic() + 240
     while True:
         try:
             urllib.request.urlopen(base + "/health", timeout=2)
             return proc, base
         except OSError:
-            if proc.poll() is not None or time.time() > deadline:
+            if proc.poll() is not None or time.monotonic() > deadline:
                 stop(proc)
                 raise RuntimeError(f"{what} did not come up:\n" + log.read_text()[-4000:])
             time.sleep(1)
@@ -113,13 +118,16 @@ def call(base: str, path: str, body: dict | None = None, timeout: float = 120,
             return e.code, {"raw": raw.decode(errors="replace")}
 
 
-def stream(base: str, body: dict, stop_after: int | None = None, timeout: float = 120):
+def stream(base: str, body: dict, stop_after: int | None = None, timeout: float = 120,
+           on_first=None):
     """A streamed completion: (status, choices by index with their token_ids, text,
     finish_reason and stop_reason accumulated, aborted).  ``stop_after`` chunks: close
-    the connection there (a client abort).  An error event in the stream (vLLM sends
-    HTTP 200 once streaming starts, then ``data: {"error": {..., "code": 500}}``)
-    gives that code as the status, and the response ``"in_stream": True`` (a bad RL
-    flag is never one: it is an HTTP 400 before the stream starts)."""
+    the connection there (a client abort).  ``on_first()`` is called once, at the first
+    chunk with a choice: the request is in the engine and has produced output.  An error
+    event in the stream (vLLM sends HTTP 200 once streaming starts, then
+    ``data: {"error": {..., "code": 500}}``) gives that code as the status, and the
+    response ``"in_stream": True`` (a bad RL flag is never one: it is an HTTP 400 before
+    the stream starts)."""
     host, port = base.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
@@ -149,12 +157,83 @@ def stream(base: str, body: dict, stop_after: int | None = None, timeout: float 
                 if c.get("finish_reason") is not None:
                     acc["finish_reason"] = c["finish_reason"]
                     acc["stop_reason"] = c.get("stop_reason")
+            if on_first is not None and msg.get("choices"):
+                on_first()
+                on_first = None
             chunks += 1
             if stop_after is not None and chunks >= stop_after:
                 return 200, {"choices": [choices[i] for i in sorted(choices)]}, True
         return 200, {"choices": [choices[i] for i in sorted(choices)]}, False
     finally:
         conn.close()
+
+
+class Background:
+    """``fn(*args, **kwargs)`` running in a thread; ``done`` is set when it has returned.
+    :meth:`result` joins it (its deadline is only a safety net) and returns its value or
+    raises its exception."""
+
+    def __init__(self, fn, *args, **kwargs):
+        self.done = threading.Event()
+        self._out: dict = {}
+
+        def run():
+            try:
+                self._out["r"] = fn(*args, **kwargs)
+            except BaseException as e:          # noqa: BLE001 - raised by result()
+                self._out["e"] = e
+            finally:
+                self._ended()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def _ended(self) -> None:
+        self.done.set()
+
+    def result(self, deadline_s: float = 300):
+        self._thread.join(deadline_s)
+        assert not self._thread.is_alive(), f"still running after {deadline_s} s"
+        if "e" in self._out:
+            raise self._out["e"]
+        return self._out["r"]
+
+
+class Flight(Background):
+    """A streamed completion (:func:`stream`) running in a thread: ``started`` is set at
+    its first chunk (it is in the engine and has produced output), ``done`` once its
+    stream has ended."""
+
+    def __init__(self, base: str, body: dict):
+        self.started, self._wake = threading.Event(), threading.Event()
+
+        def first():
+            self.started.set()
+            self._wake.set()
+
+        super().__init__(stream, base, body, on_first=first)
+
+    def _ended(self) -> None:
+        super()._ended()
+        self._wake.set()
+
+    def wait_started(self, deadline_s: float = 120) -> None:
+        """Until the first chunk; fails if the stream ended without one."""
+        assert self._wake.wait(deadline_s), f"no streamed output within {deadline_s} s"
+        if not self.started.is_set():
+            raise AssertionError(f"the stream ended before any output: {self.result()}")
+
+
+def wait_until(predicate, what: str, deadline_s: float = 120, every_s: float = 0.02):
+    """Poll ``predicate()`` until it returns something true, and return that.  The
+    deadline is only a safety net: past it the test fails saying ``what`` never held."""
+    end = time.monotonic() + deadline_s
+    while True:
+        got = predicate()
+        if got:
+            return got
+        assert time.monotonic() < end, f"{what}: still not so after {deadline_s} s"
+        time.sleep(every_s)
 
 
 def metrics(base: str) -> dict[str, float]:
@@ -168,12 +247,12 @@ def wait_idle(base: str, deadline_s: float = 120) -> dict[str, float]:
     last page read when the deadline passes; the caller asserts on it)."""
     from vllm_rl.metrics import total
 
-    end = time.time() + deadline_s
+    end = time.monotonic() + deadline_s
     while True:
         m = metrics(base)
         idle = (total(m, "vllm:num_requests_running") == 0
                 and total(m, "vllm:num_requests_waiting") == 0
                 and total(m, "vllm:kv_cache_usage_perc") == 0)
-        if idle or time.time() > end:
+        if idle or time.monotonic() > end:
             return m
         time.sleep(0.5)

@@ -1,12 +1,15 @@
 """vllm-rl: a vLLM engine for RL rollouts (DARTS, DUET, DAS, ARRoL), switched on per request.
 
     from vllm_rl import LLM, rl_params, RolloutInfo
-    llm = LLM()                                   # the embedded model by default
+    llm = LLM("Qwen/Qwen3-8B")                    # your model: a path or a Hugging Face id
     sp = SamplingParams(n=16, max_tokens=256,
                         extra_args=rl_params(group={"size": 8}, darts={"mode": "shortest"}))
     for out in llm.generate(prompts, sp):
         for c in out.outputs:
             c.rollout_info                        # RolloutInfo: reason, weight, length, ...
+
+The demo kit (the embedded model ``MODEL_PATH``, its prompt sets and its verifier) is
+:mod:`vllm_rl.task`.
 """
 from __future__ import annotations
 
@@ -53,13 +56,8 @@ def __getattr__(name: str):
         from vllm_rl import llm
 
         return getattr(llm, name)
-    if name in ("heldout_prompts", "train_prompts", "reward", "MODEL_PATH"):
-        from vllm_rl import task
-
-        return getattr(task, name)
     raise AttributeError(f"module 'vllm_rl' has no attribute {name!r}")
 
 
 __all__ = ["LLM", "engine_args", "server_args", "rl_params", "rl_xargs", "RLFlags", "FlagError",
-           "RolloutInfo", "Reason", "heldout_prompts", "train_prompts", "reward",
-           "MODEL_PATH", "SCHEDULER_CLS", "SYNC_SCHEDULER_CLS"]
+           "RolloutInfo", "Reason", "SCHEDULER_CLS", "SYNC_SCHEDULER_CLS"]

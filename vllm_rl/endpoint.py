@@ -8,10 +8,17 @@
   and ``GET /vllm_rl/das/phase`` report (``vllm_rl.LLM.das_*``).
 - ``POST /vllm_rl/reload_weights`` reloads the model's weights in place from disk (the
   served checkpoint, or ``{"path": ...}``: a local folder, same architecture) through the
-  worker's own ``reload_weights``, then resets the prefix cache.  DAS trees and the ARRoL
-  head stay.  Requests in flight: ``"mode": "wait"`` (default) lets them finish on the
-  old weights first, ``"abort"`` ends them (finish reason ``abort``), ``"keep"`` continues
-  them on the new weights (vLLM's ``pause_generation`` modes).  Requests that arrive
+  worker's own ``reload_weights``, then the weight sync's cache side
+  (:func:`vllm_rl.weights.weight_sync_async`): the prefix cache reset with every request
+  holding KV recomputed on the new weights, so none reads KV of the old ones.  DAS
+  trees and the ARRoL head stay.  Requests in flight: ``"mode": "wait"`` (default) lets
+  them finish on the old weights first, ``"abort"`` ends them (finish reason
+  ``abort``), ``"keep"`` continues them on the new weights, their KV recomputed (vLLM's
+  ``pause_generation`` modes).  The answer carries the engine's report under
+  ``"cache"`` (weight version, cached blocks dropped, requests recomputed), and
+  ``vllm_rl:weight_syncs_total`` / ``vllm_rl:weight_sync_requests_recomputed_total``
+  count it on ``/metrics``.  ``"reset_prefix_cache": false`` is refused (400): it would
+  serve KV of the old weights.  Requests that arrive
   during the reload are parked and served on the new weights, never refused (vLLM 0.33's
   own ``pause_generation`` answers them 503; :func:`vllm_rl.weights.pause_parked`).
 - ``POST /v1/completions`` and ``POST /v1/chat/completions`` (vLLM's own routes) get
@@ -61,8 +68,10 @@ def _check_weights_dir(path) -> None:
 
 def _route(method: Method, read_body, error):
     """The HTTP handler of one RPC: body keys checked, texts tokenized (``das_prebuild``),
-    arguments prepared as on every other path (:meth:`vllm_rl.rpc.Method.call_args`),
-    ``collective_rpc``, rank 0's result (under ``method.result_key``)."""
+    arguments prepared and checked as on every other path, and against the served
+    engine's config (:meth:`vllm_rl.rpc.Method.engine_call_args`: a bad ARRoL update is a
+    400 here, with no worker traceback), ``collective_rpc``, rank 0's result (under
+    ``method.result_key``)."""
     from fastapi import Request
 
     async def handler(raw: Request):
@@ -77,9 +86,16 @@ def _route(method: Method, read_body, error):
                 body = {**body, "rollouts": [_token_ids(client, r) for r in body["rollouts"]]}
                 if body.get("prompt_token_ids") is None and body.get("prompt") is not None:
                     body["prompt_token_ids"] = _token_ids(client, body["prompt"])
-            args = method.call_args(**{k: v for k, v in body.items() if k in method.params})
+            # checked here, against the engine's config (an ARRoL head's keys, shapes,
+            # dtype and hidden size): a bad update is a 400 before any worker sees it
+            args = method.engine_call_args(
+                getattr(raw.app.state, "vllm_config", None),
+                **{k: v for k, v in body.items() if k in method.params})
+        except Exception as e:        # bad ids, a bad head or calibration, no head
+            return error(400, f"{method.name}: {e}")
+        try:
             result = (await client.collective_rpc(method.name, args=args))[0]
-        except Exception as e:        # no drafter / head on this engine, bad ids, bad head
+        except Exception as e:        # no drafter on this engine, a head file gone since
             return error(400, f"{method.name}: {e}")
         if method.result_key is None:
             return result
@@ -137,24 +153,28 @@ class RLEndpoints:
             mode = body.get("mode", "wait")
             if mode not in RELOAD_MODES:
                 return _error(400, f"reload_weights: mode {mode!r}: allowed {list(RELOAD_MODES)}")
+            if body.get("reset_prefix_cache", True) is not True:
+                return _error(400, "reload_weights: reset_prefix_cache must be true (the "
+                                   "cache's KV was computed with the old weights)")
             try:            # vLLM's reload kills the engine on a bad path: check it here
                 _check_weights_dir(body.get("path"))
             except ValueError as e:
                 return _error(400, f"reload_weights: {e}")
-            from vllm_rl.weights import pause_parked
+            from vllm_rl.metrics import observe_weight_sync
+            from vllm_rl.weights import pause_parked, weight_sync_async
 
             t0 = time.perf_counter()
             await pause_parked(client, mode)     # arrivals wait for the resume, no 503
             try:
                 await client.collective_rpc("reload_weights",
                                             kwargs={"weights_path": body.get("path")})
-                if body.get("reset_prefix_cache", True):
-                    await client.reset_prefix_cache()
+                cache = await weight_sync_async(client)
             except Exception as e:        # a missing path, another architecture
                 return _error(400, f"reload_weights: {e}")
             finally:
                 await client.resume_generation()
-            return {"reloaded": True, "path": body.get("path"), "mode": mode,
+            observe_weight_sync(mode, cache)
+            return {"reloaded": True, "path": body.get("path"), "mode": mode, "cache": cache,
                     "seconds": round(time.perf_counter() - t0, 3)}
 
         app.include_router(router)

@@ -5,17 +5,23 @@ Build them with :func:`rl_params`; they travel unchanged over the offline API
 or ``extra_body={"vllm_xargs": ...}``).  Every technique is off unless its section is
 present; an absent field takes the paper's default.
 
-Flags are checked once, at submission (see ``patches/flags_admission.py``): a bad flag
-raises :class:`FlagError` naming the flag and its allowed range, and only that request
-fails.  The engine parses the canonical form once per request into :class:`RLFlags`;
-its per-step loop never reads dicts.
+One reader, :func:`read`, turns a request's ``extra_args`` into :class:`RLFlags` (every
+form: nested, JSON string, dotted, and what vLLM's ``vllm_xargs`` conversion makes of
+them).  The front end checks the flags once, at submission (the server's middleware,
+``vllm_rl/http_flags.py``, and ``patches/flags_admission.py``): a bad flag raises
+:class:`FlagError` naming the flag and its allowed range, and only that request fails
+(HTTP 400).  The front end writes the canonical form (:meth:`RLFlags.canonical`); the
+engine reads it once per request (the scheduler's admission; the worker-side readers
+once per request each, :func:`read_or_warn`); the per-step loops never read dicts.
 """
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import uuid
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 KEY = "vllm_rl"          # the key in SamplingParams.extra_args
@@ -41,6 +47,8 @@ class _Field:
     def allowed(self) -> str:
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind is bool:
+            return "bool (or 0 / 1: vllm_xargs sends true / false as 1 / 0)"
         name = self.kind.__name__ if isinstance(self.kind, type) else "/".join(
             k.__name__ for k in self.kind)
         lo = "-inf" if self.lo is None else f"{self.lo:g}"
@@ -54,8 +62,12 @@ class _Field:
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
             if float in kinds and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
+            elif bool in kinds and type(value) is int and value in (0, 1):
+                value = bool(value)     # vllm_xargs carries no bool: vLLM sends true as 1
             else:
                 raise FlagError(path, f"wrong type {type(value).__name__}", self.allowed())
+        if isinstance(value, float) and value != value:
+            raise FlagError(path, "value nan", self.allowed())
         if self.choices is not None and value not in self.choices:
             raise FlagError(path, f"value {value!r} not allowed", self.allowed())
         if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
@@ -224,6 +236,12 @@ class RLFlags:
     das: DasFlags | None = None
     arrol: ArrolFlags | None = None
 
+    def canonical(self) -> dict[str, Any]:
+        """The canonical form: every section on, every field filled (what the front end
+        writes into the request's params; :func:`read` of it gives these flags back)."""
+        return {name: asdict(section) for name in SECTIONS
+                if (section := getattr(self, name)) is not None}
+
 
 ARROL_FIELDS = {
     "l_detect": _Field(int, 512, lo=1, hi=1 << 20),
@@ -316,7 +334,8 @@ def _arrol(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def extract(extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The raw RL flags of a request's ``extra_args``, or None if it has none.
+    """The raw RL flags of a request's ``extra_args``, or None if it has none (a step
+    of :func:`read`, the reader every component calls).
 
     The OpenAI server's ``vllm_xargs`` holds only flat values, so besides the nested
     mapping the flags may come as a JSON string (``{"vllm_rl": "{\"darts\": {}}"}``, what
@@ -324,16 +343,21 @@ def extract(extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
     """
     if not extra_args:
         return None
+    if not isinstance(extra_args, dict):
+        raise FlagError(KEY, f"extra_args of type {type(extra_args).__name__}",
+                        "extra_args a mapping")
     raw = extra_args.get(KEY)
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError as e:
             raise FlagError(KEY, f"invalid JSON ({e.msg})", "a JSON object of technique sections")
-    dotted = [k for k in extra_args if k.startswith(KEY + ".")]
+    dotted = [k for k in extra_args if isinstance(k, str) and k.startswith(KEY + ".")]
     if not dotted:
         return raw
-    raw = dict(raw) if isinstance(raw, dict) else {}
+    if raw is not None and not isinstance(raw, dict):
+        raise FlagError(KEY, f"wrong type {type(raw).__name__}", "a mapping of technique sections")
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in (raw or {}).items()}
     for key in dotted:
         parts = key.split(".")
         if len(parts) != 3:
@@ -347,7 +371,8 @@ def extract(extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def normalize(raw: Any, n: int | None = None, default_group_id: str | None = None) -> dict:
-    """Check raw flags and return their canonical form (defaults filled in).
+    """Check raw flags and return their canonical form (defaults filled in; a step of
+    :func:`read`).
 
     ``n`` is the request's ``SamplingParams.n`` (a group sent as one request);
     ``default_group_id`` names the group when the flags do not.
@@ -378,7 +403,8 @@ def normalize(raw: Any, n: int | None = None, default_group_id: str | None = Non
 
 
 def parse(canonical: dict[str, Any]) -> RLFlags:
-    """Typed flags from their canonical form (as produced by :func:`normalize`)."""
+    """Typed flags from their canonical form (as produced by :func:`normalize`; a step
+    of :func:`read`)."""
     g, d, u = canonical.get("group"), canonical.get("darts"), canonical.get("duet")
     s, a = canonical.get("das"), canonical.get("arrol")
     return RLFlags(
@@ -388,6 +414,56 @@ def parse(canonical: dict[str, Any]) -> RLFlags:
         das=DasFlags(**s) if s is not None else None,
         arrol=ArrolFlags(**a) if a is not None else None,
     )
+
+
+def read(extra_args: dict[str, Any] | None, n: int | None = None,
+         default_group_id: str | None = None) -> RLFlags | None:
+    """The one flags reader: a request's typed flags from its ``extra_args`` (what vLLM
+    delivers: ``SamplingParams.extra_args``, or the server's ``vllm_xargs`` after vLLM's
+    conversion), or None if it carries none.  Raises :class:`FlagError` naming the flag
+    and its allowed range.
+
+    Every form reads the same: nested (``{"vllm_rl": {...}}``), a JSON string
+    (``{"vllm_rl": "{...}"}``, :func:`rl_xargs`), dotted keys
+    (``{"vllm_rl.arrol.l_detect": 24}``, mixed with either), and the canonical form
+    (:meth:`RLFlags.canonical`, which the front end writes; reading it again is a fixed
+    point).  A bool flag also takes the ints 0 and 1: ``vllm_xargs`` holds no bool and
+    vLLM turns a JSON ``true`` there into ``1``.  ``n`` is ``SamplingParams.n`` (a group
+    sent as one request; None: not checked against it); ``default_group_id`` names a
+    group the flags leave unnamed (None: a fresh uuid).
+    """
+    raw = extract(extra_args)
+    if raw is None:
+        return None
+    try:
+        return parse(normalize(raw, n=n, default_group_id=default_group_id))
+    except FlagError:
+        raise
+    except (TypeError, ValueError, AttributeError) as e:     # a value no field check names
+        raise FlagError(KEY, f"malformed flags ({e})", "the schema of docs/flags.md") from None
+
+
+_WARNED: OrderedDict[str, None] = OrderedDict()   # request ids warned about, this process
+_WARNED_MAX = 4096
+
+
+def read_or_warn(extra_args: dict[str, Any] | None, request_id: str,
+                 log: logging.Logger | None = None, **kwargs: Any) -> RLFlags | None:
+    """:func:`read` for the readers past the front end (the scheduler, the DAS drafter,
+    the ARRoL scorer, the router).  The front end has rejected every bad flag with a 400,
+    so what reaches them is canonical; anything else (the front end bypassed) is logged
+    once per request id in this process, never per step, and the request is served
+    without RL flags (None)."""
+    try:
+        return read(extra_args, **kwargs)
+    except FlagError as e:
+        if request_id not in _WARNED:
+            _WARNED[request_id] = None
+            while len(_WARNED) > _WARNED_MAX:
+                _WARNED.popitem(last=False)
+            (log or logging.getLogger(__name__)).warning(
+                "request %s: %s; served without its vllm_rl flags", request_id, e)
+        return None
 
 
 def rl_params(group: dict | None = None, darts: dict | bool | None = None,

@@ -3,44 +3,50 @@
 All three take the same settings (``das=``, ``arrol=``, ``cost=``, ``trace=``) and derive
 vLLM's arguments from one :class:`~vllm_rl.settings.EngineSettings`: the RL scheduler, the
 DAS drafter (vLLM's ``custom_class`` speculative method), ARRoL's head, the worker
-extension; the model defaults to the embedded one.  Everything else is vLLM's own, with
-vLLM's defaults.  :class:`LLM`'s RPC methods (``das_*``, ``arrol_*``) come from the one
-table in :mod:`vllm_rl.rpc`.
+extension.  The model is the caller's, as with ``vllm.LLM`` (the embedded demo model is
+:data:`vllm_rl.task.MODEL_PATH`).  Everything else is vLLM's own, with vLLM's defaults.
+:class:`LLM`'s RPC methods (``das_*``, ``arrol_*``) come from the one table in
+:mod:`vllm_rl.rpc`.
 """
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any, Sequence
 
 import vllm
 from vllm import SamplingParams
 
-from vllm_rl.flags import extract, normalize, parse
+from vllm_rl.flags import read_or_warn
 from vllm_rl.darts.rule import annotate_group
 from vllm_rl.outcome import RolloutInfo
 from vllm_rl.rpc import bind_sync
+
+logger = logging.getLogger(__name__)
 
 CPU_KV_CACHE_BYTES = 1 << 30   # vLLM's CPU default reserves most of a NUMA node
 
 
 def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The engine keywords of an RL engine: the settings' (:class:`~vllm_rl.settings.
-    EngineSettings`), the embedded model by default, a bounded KV cache on the CPU."""
+    EngineSettings`) and a bounded KV cache on the CPU; ``model`` is the caller's."""
     from vllm.platforms import current_platform
 
     from vllm_rl.settings import EngineSettings
-    from vllm_rl.task import MODEL_PATH
 
+    if isinstance(kwargs.get("model"), os.PathLike):
+        kwargs["model"] = os.fspath(kwargs["model"])
     settings = EngineSettings.of(**{k: kwargs.pop(k, None) for k in ("das", "arrol", "cost")},
                                  trace=kwargs.pop("trace", False))
     kwargs = settings.engine_kwargs(kwargs)
-    kwargs.setdefault("model", str(MODEL_PATH))
     if current_platform.is_cpu() and "gpu_memory_utilization" not in kwargs:
         kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
     return kwargs
 
 
 class LLM(vllm.LLM):
-    """``vllm.LLM`` on the RL engine.  Same signature; ``model`` defaults to the embedded one.
+    """``vllm.LLM`` on the RL engine.  Same signature: ``model`` (a local path or a Hugging
+    Face id; a ``Path`` works too) is required, as in ``vllm.LLM``.
 
     Extra keywords: ``das=`` (the DAS drafter, see :class:`~vllm_rl.das.config.DASConfig`),
     ``cost=`` (the step-cost model the engine plans with: ``"online"``, the default, or a
@@ -54,9 +60,8 @@ class LLM(vllm.LLM):
     training-group marks filled in.
     """
 
-    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
-        if model is not None:
-            kwargs["model"] = model
+    def __init__(self, model: str | os.PathLike, **kwargs: Any) -> None:
+        kwargs["model"] = model
         if not kwargs.get("arrol"):
             super().__init__(**_defaults(kwargs))
             return
@@ -90,12 +95,16 @@ def attach_rollout_info(outputs: Sequence[Any], params: Sequence[SamplingParams 
     """Give every completion a ``rollout_info`` and mark each group's training group."""
     groups: dict[str, tuple[Any, list[Any]]] = {}
     for out, sp in zip(outputs, params):
-        raw = extract(sp.extra_args) if sp is not None else None
+        flags, read_yet = None, False
         for c in out.outputs:
             c.rollout_info = RolloutInfo.from_completion(c)
             gid = c.rollout_info.group_id
-            if raw is not None and gid is not None:
-                flags = parse(normalize(raw, n=sp.n, default_group_id=gid))
+            if gid is None or sp is None or not sp.extra_args:
+                continue
+            if not read_yet:         # once per request; the engine accepted these flags
+                flags, read_yet = read_or_warn(sp.extra_args, str(out.request_id), logger,
+                                               n=sp.n, default_group_id=gid), True
+            if flags is not None:
                 groups.setdefault(gid, (flags, []))[1].append(c)
     for flags, completions in groups.values():
         if flags.darts is None:
@@ -106,11 +115,13 @@ def attach_rollout_info(outputs: Sequence[Any], params: Sequence[SamplingParams 
             c.rollout_info = info
 
 
-def engine_args(**kwargs: Any):
-    """``AsyncEngineArgs`` for an ``AsyncLLM`` server on the RL engine.  With ``arrol=``
-    the V1 model runner is selected for the whole process (the engine starts later)."""
+def engine_args(model: str | os.PathLike, **kwargs: Any):
+    """``AsyncEngineArgs`` for an ``AsyncLLM`` server on the RL engine, on ``model`` (a
+    path or a Hugging Face id).  With ``arrol=`` the V1 model runner is selected for the
+    whole process (the engine starts later)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    kwargs["model"] = model
     if kwargs.get("arrol"):
         from vllm_rl.arrol.config import use_v1_runner
 

@@ -38,6 +38,16 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "darts_cancelled": ("Samples cancelled by a DARTS early stop of their group.", ()),
     "draft_tokens_proposed": ("DAS draft tokens the ended samples were verified on.", ()),
     "draft_tokens_accepted": ("DAS draft tokens accepted by the model.", ()),
+    "samples_across_weight_sync": ("Samples of requests with vllm_rl flags whose tokens "
+                                   "came from more than one weight version (they ran "
+                                   "across a weight sync: record weight_versions).", ()),
+    "weight_syncs": ("Weight reloads through this server (/vllm_rl/reload_weights), by "
+                     "mode; each reset the prefix cache with the requests in flight "
+                     "recomputed on the new weights.", ("mode",)),
+    "weight_sync_requests_recomputed": ("Requests in flight whose KV was recomputed on "
+                                        "the new weights at a reload.", ()),
+    "weight_sync_cached_blocks_dropped": ("Prefix-cache blocks of older weights dropped "
+                                          "at a reload.", ()),
     "tokens_saved_estimated": ("ESTIMATE: max_tokens - length summed over samples ended "
                                "early by an RL technique (tokens they could still have "
                                "generated), by reason.", ("reason",)),
@@ -58,7 +68,10 @@ def counters() -> dict[str, Any]:
             full = NAMESPACE + name
             existing = REGISTRY._names_to_collectors.get(full)   # a re-imported module
             made[name] = existing if existing is not None else Counter(full, doc, labels)
-            if labels:
+            if labels == ("mode",):
+                for mode in ("wait", "abort", "keep"):
+                    made[name].labels(mode=mode)
+            elif labels:
                 for reason in Reason:
                     if name != "tokens_saved_estimated" or reason.early:
                         made[name].labels(reason=reason.value)
@@ -85,8 +98,18 @@ def observe(info: RolloutInfo, max_tokens: int | None) -> None:
         c["draft_tokens_proposed"].inc(info.draft_proposed)
     if info.draft_accepted:
         c["draft_tokens_accepted"].inc(info.draft_accepted)
+    if info.weight_versions:
+        c["samples_across_weight_sync"].inc()
     if info.reason.early and max_tokens is not None and max_tokens > info.length:
         c["tokens_saved_estimated"].labels(reason=reason).inc(max_tokens - info.length)
+
+
+def observe_weight_sync(mode: str, report: dict) -> None:
+    """Count one reload and what its cache sync did (the engine's report)."""
+    c = counters()
+    c["weight_syncs"].labels(mode=mode).inc()
+    c["weight_sync_requests_recomputed"].inc(report.get("requests_recomputed") or 0)
+    c["weight_sync_cached_blocks_dropped"].inc(report.get("cached_blocks_dropped") or 0)
 
 
 def observe_output(state: Any, finish_reason: Any, stop_reason: Any) -> None:

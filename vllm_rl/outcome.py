@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 PREFIX = "vllm_rl:"
@@ -57,9 +57,16 @@ class RolloutInfo:
     start), the ``head_version``, whether they were ``pruned`` (then reason
     ``arrol_pruned``, weight 0), their ``trace`` features (mean and minimum token
     log-probability and mean entropy of the first ``l_detect`` tokens) and ``floor``
-    when the coin said prune but the sample's DARTS group was at M.  DAS samples count the draft tokens they were verified on
-    (``draft_proposed``) and how many the model accepted (``draft_accepted``); their
-    tokens are the model's own either way.
+    when the coin said prune but the sample's DARTS group was at M.  DAS samples count the
+    draft tokens they were verified on (``draft_proposed``) and how many the model accepted
+    (``draft_accepted``); their tokens are the model's own either way.
+
+    ``weight_version`` is the engine's count of weight syncs (prefix-cache resets,
+    ``RLSchedulerMixin.reset_prefix_cache``) when the sample's first token was made.  A
+    sample that ran across a sync (a reload in ``keep`` mode, or a framework's sync
+    while it was in flight) also has ``weight_versions``: ``[[v0, 0], [v1, i1], ...]``,
+    tokens ``[i_k, i_{k+1})`` sampled under version ``v_k``.  From ``i1`` on its KV was
+    recomputed on the new weights; the tokens before ``i1`` came from the old policy.
     """
 
     reason: Reason
@@ -85,6 +92,9 @@ class RolloutInfo:
     trace: list[float] | None = None     # ARRoL: TRACE_FEATURES over the first l_detect tokens
     floor: bool | None = None            # ARRoL: its coin said prune, overruled because its
                                          # DARTS group was at M (composition rule)
+    weight_version: int | None = None    # the engine's weight version of its first token
+    weight_versions: list[list[int]] | None = None  # across weight syncs: [version, first
+                                         # output-token index] per version, in order
 
     def hidden_state(self):
         """The final-norm hidden state at ``l_detect`` (``arrol.return_hidden``) as a

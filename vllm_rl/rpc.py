@@ -13,8 +13,10 @@ what the method takes and where it is served; from :data:`METHODS`:
 * the server gets one HTTP route each (:mod:`vllm_rl.endpoint`).
 
 A method's arguments go through :meth:`Method.call_args` on every path (token ids as
-ints, a calibration object as its dict), so a client never sends the worker something it
-would not take from another.  ``rank0``: the result is rank 0's (every rank holds the
+ints, a calibration object as its dict; an ARRoL update checked whole, and against the
+engine's head dims where the path knows the engine: :meth:`Method.engine_call_args`),
+so a client never sends the worker something it would not take from another, and a bad
+update fails before any worker sees it.  ``rank0``: the result is rank 0's (every rank holds the
 same state).
 """
 from __future__ import annotations
@@ -30,17 +32,21 @@ def _ints(value: Any) -> list[int] | None:
     return None if value is None else [int(t) for t in value]
 
 
-def _prebuild(args: dict[str, Any]) -> dict[str, Any]:
+def _prebuild(args: dict[str, Any], vllm_config: Any = None) -> dict[str, Any]:
     return {**args, "problem_id": str(args["problem_id"]),
             "rollouts": [_ints(r) for r in args["rollouts"]],
             "prompt_token_ids": _ints(args.get("prompt_token_ids"))}
 
 
-def _arrol_update(args: dict[str, Any]) -> dict[str, Any]:
-    cal = args.get("calibration")
-    if cal is not None and not isinstance(cal, dict):
-        cal = cal.to_dict()              # a Calibration object
-    return {**args, "calibration": cal, "cold_start": bool(args.get("cold_start", False))}
+def _arrol_update(args: dict[str, Any], vllm_config: Any = None) -> dict[str, Any]:
+    """Checked before any worker sees it (a head path loaded, a calibration object as
+    its dict; with the engine's config, its head and hidden size): a bad update is a
+    ValueError here, a 400 over HTTP, never a worker's traceback."""
+    from vllm_rl.arrol.config import check_update
+
+    return {**args, **check_update(args.get("head"), args.get("calibration"),
+                                   args.get("cold_start", False), args.get("version"),
+                                   vllm_config=vllm_config)}
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,7 @@ class Method:
     doc: str
     http: tuple[str, str]                      # (verb, path)
     result_key: str | None = None
-    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    prepare: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None   # (args, vllm_config)
     rank0: bool = True
     http_extra: tuple[str, ...] = field(default_factory=tuple)   # route-only body keys
 
@@ -66,6 +72,12 @@ class Method:
 
     def call_args(self, *args: Any, **kwargs: Any) -> tuple:
         """The worker's positional arguments from a Python call (checked like one)."""
+        return self.engine_call_args(None, *args, **kwargs)
+
+    def engine_call_args(self, vllm_config: Any, *args: Any, **kwargs: Any) -> tuple:
+        """:meth:`call_args`, checked also against the engine's ``vllm_config`` where the
+        method has such checks (``arrol_update``: the engine has a head, the head's
+        hidden size is the model's); ``vllm_config=None``: the engine-free checks only."""
         if len(args) > len(self.params):
             raise TypeError(f"{self.name}() takes {len(self.params)} arguments "
                             f"({', '.join(self.params)}), got {len(args)}")
@@ -82,7 +94,7 @@ class Method:
             raise TypeError(f"{self.name}() missing {', '.join(missing)}")
         values = {p: given.get(p, self.defaults.get(p)) for p in self.params}
         if self.prepare is not None:
-            values = self.prepare(values)
+            values = self.prepare(values, vllm_config)
         return tuple(values[p] for p in self.params)
 
 
@@ -133,7 +145,9 @@ def bind_sync(cls: type) -> type:
     the checked arguments, rank 0's result."""
     for method in METHODS:
         def call(self, *args, _m=method, **kwargs):
-            out = self.collective_rpc(_m.name, args=_m.call_args(*args, **kwargs))
+            config = getattr(getattr(self, "llm_engine", None), "vllm_config", None)
+            out = self.collective_rpc(_m.name, args=_m.engine_call_args(config, *args,
+                                                                         **kwargs))
             return out[0] if _m.rank0 else out
 
         call.__name__ = call.__qualname__ = method.name

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_rl import SCHEDULER_CLS, SYNC_SCHEDULER_CLS, WORKER_EXTENSION_CLS
+from vllm_rl.engine import TRACE_KEY   # additional_config: record each engine step (trace)
 
-TRACE_KEY = "vllm_rl_trace"    # additional_config: record each engine step (engine/trace.py)
 COST_KEY = "vllm_rl_cost"      # additional_config: the StepCost spec (vllm_rl.cost.load_cost)
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 

@@ -2,7 +2,9 @@
 
 :func:`load_weights` goes through vLLM's own ``reload_weights`` (vLLM 0.32's in-place
 reload from ``(name, tensor)`` pairs, which restores what the first load processed) on
-every worker, then resets the prefix cache (its KV was computed with the old weights).
+every worker, then makes the weight sync's cache side (:func:`weight_sync`): the prefix
+cache is reset with the requests in flight recomputed on the new weights, so no request
+reads KV computed with older weights, and the answer says what happened.
 On a vllm_rl engine the RL state stays: the DAS trees, the ARRoL head and calibration,
 DUET's online thresholds and the group registry live outside the weights.
 
@@ -66,10 +68,29 @@ def _in_process(llm: Any) -> bool:
     return hasattr(getattr(llm.llm_engine, "model_executor", None), "driver_worker")
 
 
-def load_weights(llm: Any, weights: Iterable | dict) -> None:
+def weight_sync(llm: Any, label: str | None = None) -> dict:
+    """The cache side of a weight sync on a ``vllm.LLM``: the prefix cache reset, every
+    request holding KV recomputed on the new weights, vLLM's weight-version label set
+    (``label``, or the RL engine's version).  Returns the engine's report
+    (``weight_version``, ``prefix_cache_reset``, ``cached_blocks_dropped``,
+    ``requests_recomputed``, ``flagged_samples_across``, ``label``;
+    ``patches/weight_sync.py``)."""
+    client = llm.llm_engine.engine_core
+    if hasattr(client, "call_utility"):          # the engine core in its own process
+        return client.call_utility("vllm_rl_weight_sync", label)
+    return client.engine_core.vllm_rl_weight_sync(label)      # in-process
+
+
+async def weight_sync_async(engine: Any, label: str | None = None) -> dict:
+    """:func:`weight_sync` on an ``AsyncLLM``."""
+    return await engine.engine_core.call_utility_async("vllm_rl_weight_sync", label)
+
+
+def load_weights(llm: Any, weights: Iterable | dict) -> dict:
     """Load new weights in place into a ``vllm.LLM`` (``(name, tensor)`` pairs or a state
-    dict, in the checkpoint's names) and reset its prefix cache (module docstring).  A
-    stock ``vllm.LLM`` takes them only in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    dict, in the checkpoint's names), then :func:`weight_sync` (module docstring); returns
+    its report.  A stock ``vllm.LLM`` takes them only in-process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
     pairs = _pairs(weights, engine_dtype(llm))
     if _in_process(llm):
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
@@ -79,7 +100,7 @@ def load_weights(llm: Any, weights: Iterable | dict) -> None:
         raise RuntimeError("load_weights: a multiprocess engine needs vllm_rl's worker "
                            "extension (vllm_rl.LLM has it), or run the engine in-process "
                            "(VLLM_ENABLE_V1_MULTIPROCESSING=0)")
-    llm.reset_prefix_cache()
+    return weight_sync(llm)
 
 
 _warned_no_park = False
@@ -118,17 +139,18 @@ async def pause_parked(engine: Any, mode: str) -> None:
     await engine.pause_generation(mode=mode, clear_cache=False)
 
 
-async def load_weights_async(engine: Any, weights: Iterable | dict, mode: str = "wait") -> None:
+async def load_weights_async(engine: Any, weights: Iterable | dict, mode: str = "wait") -> dict:
     """New weights into a serving ``AsyncLLM`` (a vllm_rl engine), between requests.
 
     ``mode`` decides what happens to requests in flight (vLLM's ``pause_generation``
     modes): ``"wait"`` (the default) lets them finish on the old weights, so every
     sample comes from one policy; ``"abort"`` ends them now with ``finish_reason``
     ``"abort"`` (record reason ``abort``: not a technique's early end); ``"keep"`` freezes
-    them and they continue on the new weights (a partial rollout across two policies).
-    Requests that arrive during the reload are parked and then served on the new
-    weights; none is refused (:func:`pause_parked`).  Then the reload, the prefix-cache
-    reset, and ``resume_generation``.  The RL state stays.
+    them and they continue on the new weights, their KV recomputed on them (a partial
+    rollout across two policies: its record's ``weight_versions`` says where).  Requests
+    that arrive during the reload are parked and then served on the new weights; none is
+    refused (:func:`pause_parked`).  Then the reload, :func:`weight_sync_async` (whose
+    report this returns), and ``resume_generation``.  The RL state stays.
     """
     if mode not in ("wait", "abort", "keep"):
         raise ValueError(f"load_weights_async mode={mode!r}: allowed 'wait', 'abort', 'keep'")
@@ -136,6 +158,6 @@ async def load_weights_async(engine: Any, weights: Iterable | dict, mode: str = 
     await pause_parked(engine, mode)
     try:
         await engine.collective_rpc("vllm_rl_reload_weights", args=(pack(_pairs(weights, dtype)),))
-        await engine.reset_prefix_cache()
+        return await weight_sync_async(engine)
     finally:
         await engine.resume_generation()

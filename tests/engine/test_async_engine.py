@@ -31,19 +31,60 @@ async def _collect(engine, request_id, prompt, params):
     return final
 
 
+async def _streamed(engine, request_id, prompt, params, started: asyncio.Event):
+    """A request with cumulative outputs (``params`` may say FINAL_ONLY: replaced):
+    ``started`` is set at its first output (it is in the engine core and has produced
+    a token); returns its final completions, by index."""
+    params = params.clone()
+    params.output_kind = RequestOutputKind.CUMULATIVE
+    final = {}
+    async for out in engine.generate(prompt, params, request_id=request_id):
+        for c in out.outputs:
+            final[c.index] = c
+        started.set()
+    return [final[i] for i in sorted(final)]
+
+
+async def _until_started(task: asyncio.Task, started: asyncio.Event,
+                         deadline_s: float = 300) -> None:
+    """Until ``started`` is set by ``task`` (:func:`_streamed`); fails if the task ended
+    first (with its own error, if any), or past the deadline (only a safety net)."""
+    waiter = asyncio.ensure_future(started.wait())
+    try:
+        await asyncio.wait({task, waiter}, timeout=deadline_s,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if not started.is_set():
+        if task.done():
+            task.result()
+            raise AssertionError("the request ended before any output")
+        raise AssertionError(f"no output within {deadline_s} s")
+
+
+async def _drain(queue):
+    """The final output of a request added with ``AsyncLLM.add_request``."""
+    while True:
+        out = queue.get_nowait() or await queue.get()
+        if out.finished:
+            return out
+
+
 async def _scenario(prompts):
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from vllm_rl.arrol.config import v1_runner_env
+    from vllm_rl.task import MODEL_PATH
 
     with v1_runner_env():     # engine_args(arrol=...) sets it for the process; scope it here
-        engine = AsyncLLM.from_engine_args(engine_args(seed=0, max_model_len=MAX_MODEL_LEN,
-                                                       arrol=True))
+        engine = AsyncLLM.from_engine_args(engine_args(MODEL_PATH, seed=0,
+                                                       max_model_len=MAX_MODEL_LEN, arrol=True))
     try:
-        valid = asyncio.create_task(_collect(engine, "valid", prompts[0], SamplingParams(
-            n=8, temperature=1.0, max_tokens=256, seed=1, output_kind=RequestOutputKind.FINAL_ONLY,
-            extra_args=rl_params(group={"size": 4}, darts={"mode": "shortest"}))))
-        await asyncio.sleep(0.05)
+        running = asyncio.Event()
+        valid = asyncio.create_task(_streamed(engine, "valid", prompts[0], SamplingParams(
+            n=8, temperature=1.0, max_tokens=256, seed=1,
+            extra_args=rl_params(group={"size": 4}, darts={"mode": "shortest"})), running))
+        await _until_started(valid, running)   # a group generates while the bad ones come
         errors = {}
         for flag, extra in BAD_FLAGS.items():
             try:
@@ -65,12 +106,21 @@ async def _scenario(prompts):
         engine.shutdown()
 
 
+FLIGHT_TOKENS = 256
+
+
 async def _reload_while_serving(engine, prompts):
     """New weights while requests are in flight: "wait" lets them finish on the old
     weights, "abort" ends them with the reason abort; the RL state stays.  A request sent
     while the engine is paused for the reload (hooked in at the reload RPC itself) is
     parked, not refused, and then runs on the new weights (vLLM 0.33's own
-    pause_generation would answer it with a retryable error, HTTP 503)."""
+    pause_generation would answer it with a retryable error, HTTP 503).
+
+    Ordered on the engine, never on the clock: each reload starts once every request in
+    flight has produced its first token (ignore_eos: FLIGHT_TOKENS - 1 steps still to
+    go); the arrival is added before the reload RPC is sent, so the engine core (one
+    input queue, in order) holds it while paused, and nothing of it may come back
+    before the resume."""
     from transformers import AutoModelForCausalLM
 
     from vllm_rl.task import MODEL_PATH
@@ -79,8 +129,8 @@ async def _reload_while_serving(engine, prompts):
     initial = AutoModelForCausalLM.from_pretrained(MODEL_PATH).state_dict()
     halved = {k: v * 0.5 if "mlp" in k else v for k, v in initial.items()}
     greedy = SamplingParams(temperature=0, max_tokens=24)
-    group = SamplingParams(n=8, temperature=1.0, max_tokens=256, seed=5,
-                           output_kind=RequestOutputKind.FINAL_ONLY,
+    group = SamplingParams(n=8, temperature=1.0, max_tokens=FLIGHT_TOKENS, seed=5,
+                           ignore_eos=True,
                            extra_args=rl_params(group={"size": 4}, darts={"mode": "shortest"}))
     head = (await engine.collective_rpc("arrol_info"))[0]["version"]
     before = await _collect(engine, "g0", prompts[4], greedy)
@@ -88,22 +138,29 @@ async def _reload_while_serving(engine, prompts):
     rpc = engine.collective_rpc
 
     async def rpc_with_an_arrival(method, *args, **kwargs):
-        if method == "vllm_rl_reload_weights":      # paused: a client sends a request now
-            task = asyncio.create_task(_collect(engine, f"arrive-{mode}", prompts[4], greedy))
-            await asyncio.sleep(0.2)                # its request reaches the engine core
-            arrived[mode] = (task, task.done())     # parked: cannot finish before resume
-        return await rpc(method, *args, **kwargs)
+        if method != "vllm_rl_reload_weights":
+            return await rpc(method, *args, **kwargs)
+        # paused: a client sends a request now.  add_request returns once it is on its
+        # way to the engine core, ahead of the reload RPC on the same channel
+        queue = await engine.add_request(f"arrive-{mode}", prompts[4], greedy)
+        result = await rpc(method, *args, **kwargs)
+        arrived[mode] = (queue, queue.output is not None)    # still paused: nothing yet
+        return result
 
     engine.collective_rpc = rpc_with_an_arrival
     try:
         for mode, weights in (("wait", halved), ("abort", initial)):
-            flight = [asyncio.create_task(_collect(engine, f"{mode}-{i}", prompts[5 + i], group))
+            started = [asyncio.Event() for _ in range(3)]
+            flight = [asyncio.create_task(_streamed(engine, f"{mode}-{i}", prompts[5 + i],
+                                                    group, started[i]))
                       for i in range(3)]
-            await asyncio.sleep(0.3)
+            for task, event in zip(flight, started):
+                await _until_started(task, event)
             await load_weights_async(engine, weights, mode=mode)
-            ended[mode] = [o for o in await asyncio.gather(*flight)]
-            task, done_while_paused = arrived[mode]
-            ended[f"{mode}-arrived"] = (await task, done_while_paused)
+            ended[mode] = await asyncio.gather(*flight)
+            queue, served_while_paused = arrived[mode]
+            ended[f"{mode}-arrived"] = (await asyncio.wait_for(_drain(queue), 300),
+                                        served_while_paused)
             ended[f"{mode}-greedy"] = await _collect(engine, f"g-{mode}", prompts[4], greedy)
     finally:
         del engine.collective_rpc
@@ -111,12 +168,13 @@ async def _reload_while_serving(engine, prompts):
 
 
 def test_async_engine_serves_groups_and_rejects_bad_flags(prompts):
-    errors, out, after, (version, arrol, hidden_size), reload = asyncio.run(_scenario(prompts))
+    errors, out, after, (version, arrol, hidden_size), reload = asyncio.run(
+        asyncio.wait_for(_scenario(prompts), 1800))        # the deadline: a safety net
     assert set(errors) == set(BAD_FLAGS)
     for flag, err in errors.items():
         assert type(err).__name__ == "VLLMValidationError"
         assert f"'{flag}'" in str(err) and "allowed" in str(err)
-    infos = [RolloutInfo.decode(c.stop_reason) for c in out.outputs]
+    infos = [RolloutInfo.decode(c.stop_reason) for c in out]
     assert len(infos) == 8 and all(i is not None for i in infos)
     valid = [i for i in infos if i.valid]
     if any(i.reason is Reason.DARTS_CANCELLED for i in infos):
@@ -132,16 +190,19 @@ def test_async_engine_serves_groups_and_rejects_bad_flags(prompts):
     assert ended["wait-greedy"].outputs[0].text != before.outputs[0].text   # new weights
     assert ended["abort-greedy"].outputs[0].text == before.outputs[0].text  # restored
     for mode in ("wait", "abort"):             # sent during the reload: parked, then new weights
-        out, done_while_paused = ended[f"{mode}-arrived"]
-        assert not done_while_paused and out.finished
+        out, served_while_paused = ended[f"{mode}-arrived"]
+        assert not served_while_paused and out.finished
         assert out.outputs[0].finish_reason in ("length", "stop")      # not refused, not aborted
         assert out.outputs[0].text == ended[f"{mode}-greedy"].outputs[0].text
-    for out in ended["wait"]:                      # finished on the old weights, whole
-        infos = [RolloutInfo.decode(c.stop_reason) for c in out.outputs]
-        assert all(i.reason is not Reason.ABORT for i in infos)
-    reasons = {(c.finish_reason, RolloutInfo.from_completion(c).reason)
-               for out in ended["abort"] for c in out.outputs}
-    assert ("abort", Reason.ABORT) in reasons, reasons     # ended now, and said so
-    for finish, reason in reasons:
-        if reason is Reason.ABORT:
-            assert finish == "abort"
+    for completions in ended["wait"]:              # finished on the old weights, whole
+        assert len(completions) == 8
+        for c in completions:
+            info = RolloutInfo.decode(c.stop_reason)
+            assert info.reason is not Reason.ABORT and c.finish_reason != "abort", info
+            assert len(c.token_ids) == info.length == FLIGHT_TOKENS, info
+    for completions in ended["abort"]:             # every sample in flight ended now, and said so
+        assert len(completions) == 8
+        for c in completions:
+            info = RolloutInfo.from_completion(c)
+            assert (c.finish_reason, info.reason) == ("abort", Reason.ABORT), info
+            assert len(c.token_ids) == info.length < FLIGHT_TOKENS, info

@@ -20,10 +20,16 @@ def test_step_bench_runs_every_configuration_and_reports(tmp_path):
     assert {"stock-2", "darts", "duet", "das", "arrol", "all"} <= set(rows)
     for name, row in rows.items():
         assert row["tokens"] > 0 and row["engine_steps"] > 0 and row["projected_ms"] > 0, name
-    assert rows["stock-2"]["gpu_speedup"] == 1.0
+        # host time counted on top of (or overlapped with) the forward passes, never less
+        assert row["host_counted_ms"] >= row["projected_ms"] and row["host_core_ms"] > 0, name
+        assert row["asynchronous"] is name.startswith("stock"), name   # RL engine: DAS, sync
+    assert rows["stock-2"]["gpu_speedup"] == 1.0 == rows["stock-2"]["host_speedup"]
+    assert rows["das"]["host_worker_ms"] > 0                 # the drafter, in-process
+    assert doc["args"]["host_scale"] == 1.0
     assert doc["args"]["das_batch_cap"] == "phase"
     assert len(list(tmp_path.glob("step-*.png"))) == 2
     assert "PROJECTION" in done.stdout and "| all |" in done.stdout
+    assert "+host x (proj.)" in done.stdout and "MEASURED on this CPU" in done.stdout
     assert (tmp_path / "vllm.log").stat().st_size > 0
     report = subprocess.run([sys.executable, "-m", "vllm_rl.cli", "bench", "report", str(path)],
                             capture_output=True, text=True, timeout=120)

@@ -24,12 +24,14 @@ def test_quick_run_writes_the_table_json_and_png(tmp_path):
         assert len(run["steps"]) == 2
         for row in run["steps"]:
             assert row["h100_s"] > 0 and row["engine_steps"] > 0 and "heldout" in row
+            assert row["h100_host_s"] >= row["h100_s"] and row["host_core_s"] > 0
             assert {"diag_loss_samples_mean", "diag_zero_adv_groups", "diag_ess_fraction",
                     "diag_eps_weight_share"} <= set(row)
     allrun = next(r for r in doc["runs"] if r["config"] == "all")
     assert allrun["steps"][0]["redundant"] == 12        # planner: 1.5 M N for 2 prompts
     assert "| stock |" in done.stdout and "| all |" in done.stdout
-    assert "time to stock's final" in done.stdout
+    assert "time to stock's final" in done.stdout and "total proj. + host s" in done.stdout
+    assert doc["summary"]["all"]["h100_host_vs_stock"] > 0
 
 
 def test_time_to_target_interpolates_on_cumulative_time():
@@ -64,6 +66,23 @@ def test_summary_reports_time_to_stock_final_and_ratios():
     # paired by seed: all - stock = 0.7 - (0.65 + 0.01 s), mean 0.04, interval over 3 seeds
     assert al["delta"] == pytest.approx(0.04)
     assert al["delta_lo"] < 0.04 < al["delta_hi"] and st["delta"] == 0.0
+
+
+def test_summary_host_counted_totals_and_runs_without_them():
+    def run(name, host):
+        row = {"step": 1, "h100_s": 1.0, "tokens": 100, "engine_steps": 10,
+               "train_reward": 0.5, "length": 40.0, "heldout": 0.6}
+        if host is not None:
+            row["h100_host_s"] = host
+        return {"config": name, "seed": 0, "heldout_start": 0.5, "steps": [row, dict(row)]}
+
+    summary = train.summarize([run("stock", 1.5), run("all", 3.0)])
+    assert summary["all"]["h100_host_total_s"] == 6.0
+    assert summary["all"]["h100_host_vs_stock"] == pytest.approx(0.5)
+    assert "6.0 (0.50×)" in train.table(summary)
+    old = train.summarize([run("stock", None), run("all", None)])   # before host times
+    assert old["all"]["h100_host_total_s"] is None and old["all"]["h100_host_vs_stock"] is None
+    assert "| – |" in train.table(old)
 
 
 def test_resume_reuses_only_runs_from_the_same_arguments(tmp_path):

@@ -305,8 +305,9 @@ def phase_llm():
     from conftest import MAX_MODEL_LEN, shutdown
 
     from vllm_rl import LLM
+    from vllm_rl.task import MODEL_PATH
 
-    llm = LLM(seed=0, max_model_len=MAX_MODEL_LEN, das={"batch_cap": "phase"},
+    llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN, das={"batch_cap": "phase"},
               cost="h100:qwen3-8b")
     yield llm
     shutdown(llm)

@@ -1,34 +1,14 @@
 """Early stop frees the cancelled requests' KV blocks in the step that stops the group.
 
-This module runs the engine core in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so
-the test can read the real scheduler's block pool between steps.
+The engine core runs in-process (``inproc_llm``: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+so the test can read the real scheduler's block pool between steps.
 """
-import os
-
 import pytest
 from vllm import SamplingParams
 
-from conftest import MAX_MODEL_LEN, shutdown
 from vllm_rl import Reason, RolloutInfo, rl_params
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture(scope="module")
-def inproc_llm():
-    from vllm_rl import LLM
-
-    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    try:
-        llm = LLM(seed=0, max_model_len=MAX_MODEL_LEN)
-    finally:
-        if old is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
-    yield llm
-    shutdown(llm)
 
 
 def _scheduler(llm):

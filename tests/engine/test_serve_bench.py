@@ -1,14 +1,14 @@
 """``vllm-rl serve`` on loopback: an OpenAI client with flags, ``vllm-rl serve-bench``
 against it (JSON fields, records, PNGs), the DAS and weight-reload routes."""
 import json
-import time
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import MAX_MODEL_LEN
-from server_fixture import call as _call, launch, stop
+from server_fixture import Background, Flight, call as _call, launch, stop, wait_until
 from vllm_rl import Reason, RolloutInfo, rl_xargs
 from vllm_rl.task import MODEL_PATH
 
@@ -26,8 +26,10 @@ def _vllm_rl() -> list[str]:
 def server(tmp_path_factory):
     cmd = [*_vllm_rl(), "serve", "--das", "--das-batch-cap", "linear", "--arrol", "--seed", "0",
            "--max-model-len", str(MAX_MODEL_LEN)]
+    # vLLM's development routes add GET /is_paused (the engine core's own pause state):
+    # the reload test orders its requests on it
     proc, base = launch(cmd, tmp_path_factory.mktemp("vllm-rl-serve") / "serve.log",
-                        "vllm-rl serve")
+                        "vllm-rl serve", env={"VLLM_SERVER_DEV_MODE": "1"})
     try:
         yield base
     finally:
@@ -102,10 +104,10 @@ def test_das_routes(server, prompts):
     assert status == 200 and resp["dropped"] >= 0
 
 
-def _greedy(server, prompt):
+def _greedy(server, prompt, max_tokens=24):
     status, resp = _call(server, "/v1/completions", {
         "model": _call(server, "/v1/models")[1]["data"][0]["id"], "prompt": prompt,
-        "max_tokens": 24, "temperature": 0.0})
+        "max_tokens": max_tokens, "temperature": 0.0})
     assert status == 200, resp
     return resp["choices"][0]["text"]
 
@@ -123,42 +125,92 @@ def test_reload_weights_route(server, prompts):
     assert _greedy(server, prompts[1]) == before       # the same weights, reloaded
 
 
-def test_reload_weights_route_with_requests_in_flight(server, prompts):
+FLIGHT_TOKENS = MAX_MODEL_LEN - 64     # with ignore_eos: hundreds of steps after its first
+
+
+def _halved_checkpoint(folder: Path) -> Path:
+    """The embedded model with its MLP weights halved: another policy, same architecture
+    (its greedy answers differ), as a local folder the reload route takes."""
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir()
+    for f in MODEL_PATH.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy(f, folder / f.name)
+    state = load_file(MODEL_PATH / "model.safetensors")
+    save_file({k: v * 0.5 if ".mlp." in k else v for k, v in state.items()},
+              folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def test_reload_weights_route_with_requests_in_flight(server, prompts, tmp_path):
     """The reload pauses the engine the way the caller asks: "wait" lets the requests in
     flight finish whole (no abort), "abort" ends them with finish_reason "abort".  A
     request sent while the "wait" reload is still draining is parked and served after it,
-    never refused (vLLM 0.33's own pause_generation answers it 503)."""
-    import threading
+    on the new weights, never refused (vLLM 0.33's own pause_generation answers it 503).
 
+    Ordered on what the engine reports, never on the clock: each reload is sent once the
+    request in flight has streamed its first chunk (it is running, with hundreds of
+    ignore_eos tokens still to go), and the request that must be parked is sent once the
+    engine core says it is paused (vLLM's GET /is_paused).  The new weights are another
+    checkpoint (MLP halved), so the parked request's greedy answer says which weights
+    served it."""
     model = _call(server, "/v1/models")[1]["data"][0]["id"]
-    body = {"model": model, "prompt": prompts[2], "n": 8, "max_tokens": 256,
-            "temperature": 1.0, "seed": 4, "ignore_eos": True,      # long enough to catch
+    halved = _halved_checkpoint(tmp_path / "halved")
+    probe = prompts[3]
+    before = _greedy(server, probe, 16)
+    body = {"model": model, "prompt": prompts[2], "n": 8, "max_tokens": FLIGHT_TOKENS,
+            "temperature": 1.0, "seed": 4, "ignore_eos": True, "return_token_ids": True,
             "vllm_xargs": rl_xargs(group={"size": 8})}
-    ended = {}
-    for mode in ("wait", "abort"):
-        box, reload = {}, {}
-        flight = threading.Thread(target=lambda: box.update(r=_call(server, "/v1/completions", body)))
-        flight.start()
-        time.sleep(0.5)
-        reloading = threading.Thread(target=lambda: reload.update(r=_call(
-            server, "/vllm_rl/reload_weights", {"mode": mode})))
-        reloading.start()
-        if mode == "wait":        # the reload waits for the flight: the engine is paused now
-            time.sleep(0.5)
-            assert reloading.is_alive(), "the reload ended before a request could arrive"
-            status, arrived = _call(server, "/v1/completions", {
-                "model": model, "prompt": prompts[3], "max_tokens": 16, "temperature": 0.0})
-            assert status == 200, arrived
-            assert arrived["choices"][0]["finish_reason"] in ("length", "stop"), arrived
-        reloading.join(timeout=300)
-        status, resp = reload["r"]
-        assert status == 200 and resp["mode"] == mode, resp
-        flight.join(timeout=300)
-        code, out = box["r"]
+
+    def paused():
+        status, resp = _call(server, "/is_paused")
+        assert status == 200, resp
+        return resp["is_paused"]
+
+    try:
+        # "wait": the reload waits for the flight; a request sent meanwhile is parked
+        assert not paused()
+        flight = Flight(server, body)
+        flight.wait_started()
+        reloading = Background(_call, server, "/vllm_rl/reload_weights",
+                               {"mode": "wait", "path": str(halved)})
+        wait_until(paused, "the engine core paused for the reload")
+        assert not flight.done.is_set(), "the flight ended before the reload paused the engine"
+        status, arrived = _call(server, "/v1/completions", {
+            "model": model, "prompt": probe, "max_tokens": 16, "temperature": 0.0})
+        assert status == 200, arrived                                      # never refused
+        assert arrived["choices"][0]["finish_reason"] in ("length", "stop"), arrived
+        status, resp = reloading.result()
+        assert status == 200 and resp["reloaded"] is True, resp
+        assert resp["mode"] == "wait" and resp["path"] == str(halved), resp
+        code, out, _ = flight.result()
         assert code == 200, out
-        ended[mode] = [(c["finish_reason"], RolloutInfo.from_openai_choice(c).reason)
-                       for c in out["choices"]]
-    assert all(reason is not Reason.ABORT for _, reason in ended["wait"])
-    assert ("abort", Reason.ABORT) in ended["abort"], ended["abort"]
+        assert len(out["choices"]) == 8
+        for c in out["choices"]:                   # finished whole: every token, no abort
+            info = RolloutInfo.from_openai_choice(c)
+            assert c["finish_reason"] == "length" and info.reason is Reason.LENGTH, c
+            assert len(c["token_ids"]) == info.length == FLIGHT_TOKENS
+        assert not paused()
+        after = _greedy(server, probe, 16)
+        assert after != before, "the halved checkpoint answers the probe as the original does"
+        assert arrived["choices"][0]["text"] == after, "the parked request ran on old weights"
+
+        # "abort": the flight ends now, every sample of it with finish_reason "abort"
+        flight = Flight(server, body)
+        flight.wait_started()
+        status, resp = _call(server, "/vllm_rl/reload_weights",
+                             {"mode": "abort", "path": str(MODEL_PATH)})
+        assert status == 200 and resp["mode"] == "abort", resp
+        code, out, _ = flight.result()
+        assert code == 200, out
+        assert len(out["choices"]) == 8
+        for c in out["choices"]:
+            info = RolloutInfo.from_openai_choice(c)
+            assert (c["finish_reason"], info.reason) == ("abort", Reason.ABORT), c
+            assert info.length == len(c["token_ids"]) < FLIGHT_TOKENS
+        assert _greedy(server, probe, 16) == before        # the original weights again
+    finally:            # the served checkpoint again, whatever happened above
+        _call(server, "/vllm_rl/reload_weights", {"path": str(MODEL_PATH)})
     status, resp = _call(server, "/vllm_rl/reload_weights", {"mode": "later"})
     assert status == 400 and "mode" in json.dumps(resp)

@@ -19,6 +19,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -107,14 +108,26 @@ def verl_cluster():
     ray.shutdown()
 
 
-def run_agent_loop(config, router, prompts: list[str], uids: list[str], indices: list[int]):
+def run_agent_loop(config, router, prompts: list[str], uids: list[str], indices: list[int],
+                   sampling: dict | None = None):
     """verl's AgentLoopWorker.generate_sequences on one batch (each prompt repeated N
-    times, as verl's trainer does), through LLMServerClient and the router actor."""
+    times, as verl's trainer does), through LLMServerClient and the router actor.
+    ``sampling``: vLLM sampling parameters added to every request (verl's server keeps
+    those a request names)."""
     from verl import DataProto
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.workers.rollout.llm_server import LLMServerClient
 
-    worker = AgentLoopWorker(config, LLMServerClient(config, router))
+    client = LLMServerClient(config, router)
+    if sampling:
+        generate = client.generate
+
+        async def generate_with(request_id, *, sampling_params, **kwargs):
+            return await generate(request_id, sampling_params={**sampling_params, **sampling},
+                                  **kwargs)
+
+        client.generate = generate_with
+    worker = AgentLoopWorker(config, client)
     rows = [(p, u, i) for p, u, i in zip(prompts, uids, indices) for _ in range(N)]
     batch = DataProto.from_dict(non_tensors={
         "raw_prompt": np.array([[{"role": "user", "content": p}] for p, _, _ in rows],
@@ -288,23 +301,34 @@ def test_router_keeps_groups_and_problems_together():
 def test_pause_and_resume_keep_rl_state_consistent(verl_cluster, rollout_batch):
     """verl's abort_all_requests (pause) mid-step: every request drains, aborted samples
     come back "aborted" (verl may resume them), nothing is left in flight, and the next
-    step's groups still get the exact DARTS selection."""
+    step's groups still get the exact DARTS selection.
+
+    Ordered on the engine, never on the clock: the interrupted step's samples cannot end
+    early (ignore_eos, no DUET; DARTS never stops a group without a valid sample; ARRoL
+    scores without pruning), and the abort comes once half of them are in the engine and
+    ARRoL has scored one at its 16th token (the head's own count), i.e. with 240 tokens
+    of it still to go."""
     import ray
 
     from vllm_rl.task import heldout_prompts
 
     config, server, router = verl_cluster
+    long_step = verl_config("~actor_rollout_ref.rollout.engine_kwargs.vllm_rl.flags.duet")
 
     async def interrupted():
         from verl.experimental.agent_loop.agent_loop import AgentLoopWorker  # noqa: F401
 
+        scored = (await server.arrol_info.remote())["scored"]
         loop = asyncio.get_running_loop()
-        task = loop.run_in_executor(None, run_agent_loop, config, router,
+        task = loop.run_in_executor(None, run_agent_loop, long_step, router,
                                     heldout_prompts(8), [f"p-{i}" for i in range(8)],
-                                    list(range(8)))
-        while await server.num_unfinished_requests.remote() < 8 * N // 2:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)        # let some samples produce tokens first
+                                    list(range(8)), {"ignore_eos": True})
+        deadline = time.monotonic() + 600                 # a safety net, not an order
+        while (await server.num_unfinished_requests.remote() < 8 * N // 2
+               or (await server.arrol_info.remote())["scored"] == scored):
+            assert not task.done(), "the step ended before it could be interrupted"
+            assert time.monotonic() < deadline, "no sample reached l_detect in 600 s"
+            await asyncio.sleep(0.02)
         aborted = await server.abort_all_requests.remote()
         await server.resume_generation.remote()
         return aborted, await task
@@ -316,8 +340,11 @@ def test_pause_and_resume_keep_rl_state_consistent(verl_cluster, rollout_batch):
     assert ray.get(server.num_unfinished_requests.remote()) == 0
     raw = out.non_tensor_batch.get("vllm_rl", [None] * len(out))
     records = [RolloutInfo.decode(r) for r in raw]
-    # aborted before its first token: no record; after: reason "abort" (never an early end)
+    # aborted: no record, or reason "abort" (never an early end); nothing in this step can
+    # end early, so every other sample (parked by the pause, then served) ran to its length
     assert any(r is None or r.reason is Reason.ABORT for r in records)
+    assert all(r is None or r.reason in (Reason.ABORT, Reason.LENGTH) for r in records), \
+        [r.reason.value for r in records if r is not None]
     from vllm_rl.integrations.verl.loss import training_marks
 
     extra = [dict(zip(out.non_tensor_batch, v)) for v in zip(*out.non_tensor_batch.values())]

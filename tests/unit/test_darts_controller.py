@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-import vllm_rl.darts as darts
 from vllm_rl.darts import (
     LengthStats,
     PromptPlan,

@@ -6,7 +6,6 @@ import random
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 

@@ -111,3 +111,92 @@ def test_bad_das_flags_name_the_flag(das, flag):
     with pytest.raises(FlagError) as err:
         rl_params(das=das)
     assert err.value.flag == flag and "allowed" in str(err.value)
+
+
+# ------------------------------------------------------------------ the one reader
+def test_read_gives_the_same_flags_for_every_form():
+    from vllm_rl.flags import RLFlags, read
+
+    sections = {"group": {"size": 2}, "darts": {"mode": "shortest"},
+                "arrol": {"l_detect": 24, "return_hidden": True}}
+    forms = {
+        "nested": {"vllm_rl": sections},
+        "json": rl_xargs(**sections),
+        "dotted": {"vllm_rl.group.size": 2, "vllm_rl.darts.mode": "shortest",
+                   "vllm_rl.arrol.l_detect": 24, "vllm_rl.arrol.return_hidden": True},
+        # what vLLM's vllm_xargs makes of a JSON true: the int 1
+        "dotted_xargs": {"vllm_rl.group.size": 2, "vllm_rl.darts.mode": "shortest",
+                         "vllm_rl.arrol.l_detect": 24, "vllm_rl.arrol.return_hidden": 1},
+        "mixed": {"vllm_rl": json.dumps({"group": {"size": 2}, "darts": {}}),
+                  "vllm_rl.darts.mode": "shortest", "vllm_rl.arrol.l_detect": 24,
+                  "vllm_rl.arrol.return_hidden": 1},
+    }
+    read_ = {name: read(x, n=4, default_group_id="g") for name, x in forms.items()}
+    first = read_["nested"]
+    assert isinstance(first, RLFlags) and first.arrol.return_hidden is True
+    assert all(f == first for f in read_.values()), read_
+    # the canonical form the front end writes reads back to the same flags
+    assert read({"vllm_rl": first.canonical()}) == first
+    assert read({"vllm_rl": first.canonical()}, n=4) == first
+    assert read(None) is None and read({}) is None and read({"other": 1}) is None
+
+
+@pytest.mark.parametrize("value, ok", [
+    (True, True), (False, False), (1, True), (0, False),    # 0 / 1: vllm_xargs's bools
+    (2, None), (-1, None), (1.0, None), ("true", None), ([1], None),
+])
+def test_bool_flags_take_bools_and_the_ints_0_and_1(value, ok):
+    from vllm_rl.flags import read
+
+    x = {"vllm_rl.arrol.return_hidden": value}
+    if ok is None:
+        with pytest.raises(FlagError) as e:
+            read(x)
+        assert e.value.flag == "arrol.return_hidden" and "bool" in e.value.allowed
+    else:
+        assert read(x).arrol.return_hidden is ok
+
+
+@pytest.mark.parametrize("extra_args, flag", [
+    ({"vllm_rl.arrol.l_detect": 0}, "arrol.l_detect"),
+    ({"vllm_rl.arrol.l_detect": "24"}, "arrol.l_detect"),         # numbers stay strings
+    ({"vllm_rl.arrol.l_detect": 24.0}, "arrol.l_detect"),
+    ({"vllm_rl.duet.eps": float("nan")}, "duet.eps"),
+    ({"vllm_rl": {"arrol": {"kappa": 2}}}, "arrol.kappa"),
+    ({"vllm_rl": '{"arrol": {"kappa": 2}}'}, "arrol.kappa"),
+    ({"vllm_rl": "[1]"}, "vllm_rl"),
+    ({"vllm_rl": 3, "vllm_rl.darts.mode": "shortest"}, "vllm_rl"),
+    ({"vllm_rl.arrol": 1}, "arrol"),
+    (["vllm_rl"], "vllm_rl"),
+])
+def test_read_raises_naming_the_flag(extra_args, flag):
+    from vllm_rl.flags import read
+
+    with pytest.raises(FlagError) as e:
+        read(extra_args, n=1)
+    assert e.value.flag == flag and "allowed" in str(e.value)
+
+
+def test_read_leaves_the_callers_flags_alone():
+    from vllm_rl.flags import read
+
+    nested = {"darts": {"mode": "auto"}, "group": {"size": 2}}
+    read({"vllm_rl": nested, "vllm_rl.darts.mode": "shortest"}, n=2)
+    assert nested == {"darts": {"mode": "auto"}, "group": {"size": 2}}
+
+
+def test_read_or_warn_logs_once_per_request_and_serves_without_flags(caplog):
+    import logging
+
+    from vllm_rl.flags import read_or_warn
+
+    log = logging.getLogger("test.read_or_warn")
+    bad = {"vllm_rl.arrol.kappa": 3}
+    with caplog.at_level(logging.WARNING, logger="test.read_or_warn"):
+        for _ in range(5):                   # a worker reading it every step
+            assert read_or_warn(bad, "req-once", log) is None
+        assert read_or_warn(bad, "req-other", log) is None
+        assert read_or_warn({"vllm_rl.duet.eps": 0.5}, "req-good", log).duet.eps == 0.5
+    warned = [r for r in caplog.records if r.name == "test.read_or_warn"]
+    assert len(warned) == 2 and "'arrol.kappa'" in warned[0].getMessage()
+    assert "req-once" in warned[0].getMessage() and "req-other" in warned[1].getMessage()

@@ -186,3 +186,55 @@ def test_output_metrics_counts_a_finished_output_before_vllms_body():
             RequestState.make_request_output(state, [], None, finish, record)
     after = snapshot()
     assert after[key] - before[key] == 1 and after[saved] - before[saved] == 30
+
+
+def test_weight_sync_check_fails_loudly_on_a_changed_target(monkeypatch):
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+
+    from vllm_rl.patches import weight_sync
+
+    weight_sync.check()
+
+    def reset_prefix_cache(self, reset_connector=False):     # no reset_running_requests
+        return True
+
+    monkeypatch.setattr(Scheduler, "reset_prefix_cache", reset_prefix_cache)
+    with pytest.raises(PatchMismatch, match="reset_prefix_cache"):
+        weight_sync.check()
+    monkeypatch.undo()
+
+    def set_weight_version(self):                            # no label taken
+        return None
+
+    monkeypatch.setattr(EngineCore, "set_weight_version", set_weight_version)
+    with pytest.raises(PatchMismatch, match="set_weight_version"):
+        weight_sync.check()
+
+
+def test_cpu_seeded_chunks_check_fails_loudly_on_a_changed_target(monkeypatch):
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+
+    from vllm_rl.patches import cpu_seeded_chunks
+
+    cpu_seeded_chunks.check()
+
+    def add_request(self, request):                          # keeps no generator
+        return 0
+
+    monkeypatch.setattr(InputBatch, "add_request", add_request)
+    with pytest.raises(PatchMismatch, match="generator"):
+        cpu_seeded_chunks.check()
+
+
+def test_cpu_seeded_chunks_generator_keeps_the_stream_and_ignores_offsets():
+    import torch
+
+    from vllm_rl.patches import cpu_seeded_chunks
+
+    cpu = cpu_seeded_chunks._cpu_generator_class()
+    plain, wrapped = torch.Generator(), cpu()
+    plain.manual_seed(7)
+    wrapped.set_state(plain.get_state())
+    wrapped.set_offset(wrapped.get_offset() - 4)              # vLLM's rewind: a no-op
+    assert torch.equal(torch.rand(4, generator=plain), torch.rand(4, generator=wrapped))

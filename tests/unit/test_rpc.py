@@ -23,11 +23,82 @@ def test_call_args_check_like_a_python_call():
     u = BY_NAME["arrol_update"]
     assert u.call_args() == (None, None, False, None)
 
-    class Cal:
-        def to_dict(self):
-            return {"bins": 1}
+    from vllm_rl.arrol.rule import Calibration
 
-    assert u.call_args(calibration=Cal(), cold_start=1)[1:3] == ({"bins": 1}, True)
+    cal = {"pos": [1], "neg": [2], "alpha": 1.0, "prior": 0.5, "delta": 0.0, "bins": 1}
+    assert u.call_args(calibration=Calibration.from_dict(cal), cold_start=0)[1:3] == \
+        (cal, False)
+    assert u.call_args(cold_start=1)[2] is True
+
+
+class _Model:
+    def get_hidden_size(self):
+        return 4
+
+
+class _Engine:
+    """A vllm_config with an ARRoL head on a model of hidden size 4."""
+    additional_config = {"vllm_rl_arrol": {}}
+    model_config = _Model()
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"calibration": {"bins": 1}}, "missing keys"),
+    ({"calibration": {"pos": [1], "neg": [1], "alpha": -1.0, "prior": 0.5, "delta": 0.0,
+                      "bins": 1}}, "alpha"),
+    ({"cold_start": True, "calibration": {"pos": [1], "neg": [1], "alpha": 1.0,
+                                          "prior": 0.5, "delta": 0.0, "bins": 1}},
+     "together"),
+    ({"cold_start": "yes"}, "cold_start"),
+    ({"version": -1}, "version"),
+    ({"version": "3"}, "version"),
+    ({"head": {"w1": []}}, "missing keys"),
+    ({"head": "/no/such/head.json"}, "head file"),
+])
+def test_a_bad_arrol_update_fails_before_any_worker(kwargs, says):
+    """The table checks an update whole on every path (LLM, actors, HTTP route): a
+    ValueError naming what is wrong, and collective_rpc never called."""
+    with pytest.raises(ValueError, match=says):
+        BY_NAME["arrol_update"].call_args(**kwargs)
+
+
+def test_arrol_update_is_checked_against_the_engine():
+    import torch
+
+    from vllm_rl.arrol.head import QualityHead
+
+    u = BY_NAME["arrol_update"]
+    good = QualityHead(4, 3).export(1)
+    assert u.engine_call_args(_Engine(), head=good)[0] == good
+    wrong = QualityHead(5, 3).export(1)                  # another model's hidden size
+    with pytest.raises(ValueError, match="hidden size 4"):
+        u.engine_call_args(_Engine(), head=wrong)
+    bad = {**good, "w1": torch.zeros(3, 5).tolist()}     # a shape the dims do not give
+    with pytest.raises(ValueError, match="'w1'"):
+        u.engine_call_args(_Engine(), head=bad)
+    nan = {**good, "b2": float("nan")}
+    with pytest.raises(ValueError, match="finite"):
+        u.engine_call_args(_Engine(), head=nan)
+
+    class NoHead:
+        additional_config = {}
+
+    with pytest.raises(ValueError, match="without an ARRoL quality head"):
+        u.engine_call_args(NoHead(), cold_start=True)
+    calls = []
+
+    @bind_sync
+    class Engine:                 # vllm_rl.LLM: checked against its engine, no RPC sent
+        class llm_engine:
+            vllm_config = _Engine()
+
+        def collective_rpc(self, name, args=()):
+            calls.append(name)
+            return [1]
+
+    with pytest.raises(ValueError, match="hidden size 4"):
+        Engine().arrol_update(head=wrong)
+    assert calls == [] and Engine().arrol_update(head=good) == 1
 
 
 def test_the_offline_engine_gets_every_method():

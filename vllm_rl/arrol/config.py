@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllm_rl import WORKER_EXTENSION_CLS
-from vllm_rl.flags import FlagError
+from vllm_rl.flags import FlagError, RLFlags
 
 CONFIG_KEY = "vllm_rl_arrol"          # additional_config key of an ARRoL engine
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
@@ -98,14 +99,65 @@ def check_runner(vllm_config: Any) -> None:
             f"with {RUNNER_ENV}=0 (vllm_rl.LLM(arrol=...) and vllm_rl.serve set it)")
 
 
-def check_engine(canonical: dict[str, Any], vllm_config: Any) -> None:
+def check_engine(flags: RLFlags | None, vllm_config: Any) -> RLFlags | None:
     """Reject, at submission, ARRoL flags on an engine without a quality head."""
-    if canonical.get("arrol") is None:
-        return
+    if flags is None or flags.arrol is None:
+        return flags
     if CONFIG_KEY not in (getattr(vllm_config, "additional_config", None) or {}):
         raise FlagError("arrol", "this engine was started without an ARRoL quality head",
                         "an engine started with vllm_rl.LLM(arrol=...), "
                         "engine_args(arrol=...) or vllm_rl.serve --arrol")
+    return flags
 
 
-__all__ = ["ArrolConfig", "check_engine", "check_runner", "use_v1_runner", "v1_runner_env"]
+def check_update(head: Any = None, calibration: Any = None, cold_start: Any = False,
+                 version: Any = None, vllm_config: Any = None) -> dict[str, Any]:
+    """An ``arrol_update``'s arguments checked before they reach a worker, prepared as
+    the worker takes them: a head path loaded into its state, a ``Calibration`` as its
+    dict.  With ``vllm_config`` (the engine's), also that the engine has a head and that
+    the head's ``hidden_size`` is the model's.  Raises ``ValueError`` naming the key and
+    what is allowed; the worker checks the same again (:meth:`HeadScorer.update`), so a
+    bad update never swaps half a head.  Called by every path in: ``vllm_rl.LLM``, the
+    actors' RPCs and ``POST /vllm_rl/arrol`` (:data:`vllm_rl.rpc.METHODS`)."""
+    if not isinstance(cold_start, bool) and cold_start not in (0, 1):
+        raise ValueError(f"arrol_update: cold_start={cold_start!r}: allowed a bool")
+    cold_start = bool(cold_start)
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)
+                                or version < 0):
+        raise ValueError(f"arrol_update: version={version!r}: allowed an int >= 0 or None "
+                         "(the current version + 1)")
+    if cold_start and calibration is not None:
+        raise ValueError("arrol_update: cold_start=True and a calibration together: "
+                         "allowed one of them")
+    if calibration is not None:
+        from vllm_rl.arrol.rule import Calibration
+
+        if isinstance(calibration, Calibration):
+            calibration = calibration.to_dict()
+        Calibration.from_dict(calibration)            # raises naming the bad key
+    hidden_size = None
+    if vllm_config is not None:
+        if CONFIG_KEY not in (getattr(vllm_config, "additional_config", None) or {}):
+            raise ValueError("arrol_update: this engine was started without an ARRoL "
+                             "quality head (vllm_rl.LLM(arrol=...), engine_args(arrol=...) "
+                             "or vllm_rl.serve --arrol)")
+        model_config = getattr(vllm_config, "model_config", None)
+        if model_config is not None:
+            hidden_size = model_config.get_hidden_size()
+    if head is not None:
+        from vllm_rl.arrol.head import check_head_state
+        from vllm_rl.arrol.scorer import load_head_state
+
+        try:
+            head = load_head_state(head)
+        except OSError as e:
+            raise ValueError(f"arrol_update: head file: {e}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"arrol_update: head file is not JSON ({e})") from None
+        check_head_state(head, hidden_size=hidden_size)
+    return {"head": head, "calibration": calibration, "cold_start": cold_start,
+            "version": version}
+
+
+__all__ = ["ArrolConfig", "check_engine", "check_runner", "check_update", "use_v1_runner",
+           "v1_runner_env"]

@@ -44,7 +44,7 @@ import torch
 from vllm_rl.arrol.calibration import CalibrationBuffer, ColdStart
 from vllm_rl.arrol.head import HEAD_INPUTS, HeadTrainer, QualityHead
 from vllm_rl.arrol.measures import weighted_auc
-from vllm_rl.flags import normalize
+from vllm_rl.flags import KEY, read
 from vllm_rl.outcome import Reason, RolloutInfo
 
 CALIBRATION_FLAGS = ("kappa", "rho", "lam", "p_min", "p_max")
@@ -78,8 +78,8 @@ class ArrolFeedback:
         if auc_gate is not None and not 0.0 <= auc_gate <= 1.0:
             raise ValueError(f"ArrolFeedback auc_gate={auc_gate!r}: allowed a float in [0, 1] "
                              "or None (no AUC gate: the cold start alone, as in the paper)")
-        canonical = normalize({"arrol": dict(arrol_flags or {})})["arrol"]
-        self.calibration_flags = {k: canonical[k] for k in CALIBRATION_FLAGS}
+        arrol = read({KEY: {"arrol": dict(arrol_flags or {})}}).arrol
+        self.calibration_flags = {k: getattr(arrol, k) for k in CALIBRATION_FLAGS}
         self.inputs, self.hidden_size, self.width = inputs, hidden_size, width
         self.auc_gate, self.gate_min, self.epochs = auc_gate, gate_min, epochs
         self.lr, self.weight_decay, self.max_weight, self.seed = lr, weight_decay, max_weight, seed

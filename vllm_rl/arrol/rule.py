@@ -2,7 +2,7 @@
 
 Pure Python (stdlib only), evaluated on the worker for every sample when it first reaches
 ``l_detect`` tokens (Alg. 1 l.17, :mod:`vllm_rl.arrol.scorer`); the trainer builds the
-:class:`Calibration` (:class:`vllm_rl.arrol.head.CalibrationBuffer`, Alg. 1 l.3) and
+:class:`Calibration` (:class:`vllm_rl.arrol.calibration.CalibrationBuffer`, Alg. 1 l.3) and
 pushes it with ``arrol_update``.  For a sample with quality score s' (Alg. 1 l.18):
 
 * App. A.4: s' in [0, 1] (the head's sigmoid) falls in bin b(s') = min(B − 1, ⌊B s'⌋) of

@@ -23,7 +23,7 @@ log-probabilities are gathered there, copied without blocking and added at the n
 What: every scored row of a step goes through the head in one call
 (:func:`vllm_rl.kernels.score_rows`: Triton on CUDA, PyTorch on the CPU); with the
 calibration pushed by the trainer the score becomes q (Eq. 1 and Bayes) and p (Eq. 2),
-and the sample's coin (its seed and prompt, :func:`policies.arrol.prune_coin`) prunes
+and the sample's coin (its seed and prompt, :func:`vllm_rl.arrol.rule.prune_coin`) prunes
 it with probability 1 - p.  Without a calibration (cold start) it is scored, not pruned.
 
 Where the verdicts go: ``ModelRunnerOutput.vllm_rl_arrol`` ``{request id: verdict
@@ -34,17 +34,21 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 from dataclasses import dataclass, field, replace
+from time import perf_counter_ns
 from typing import Any
 
 import torch
 
 from vllm_rl.arrol.config import ArrolConfig
+from vllm_rl.cost.host import WORKER as HOST     # the scorer's host time, for the trace
 from vllm_rl.arrol import rule
-from vllm_rl.flags import KEY, ArrolFlags, parse
+from vllm_rl.flags import ArrolFlags, read_or_warn
 
 OUTPUT_ATTR = "vllm_rl_arrol"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -238,16 +242,13 @@ class HeadScorer:
         if cached is not None and cached[0] is owner:
             return cached
         flags = None
-        extra = getattr(getattr(owner, "sampling_params", None), "extra_args", None) or {}
-        raw = extra.get(KEY)
-        if isinstance(raw, dict) and raw.get("arrol") is not None:
-            try:
-                parsed = parse(raw)
-            except (TypeError, ValueError):      # not canonical: the front end was bypassed
-                parsed = None
-            flags = None if parsed is None else parsed.arrol
-            g = None if parsed is None else parsed.group
-            if flags is not None and parsed.darts is not None and g is not None:
+        extra = getattr(getattr(owner, "sampling_params", None), "extra_args", None)
+        # once per request: the canonical form the front end wrote; flags that do not
+        # read (the front end was bypassed) are logged once and the sample is not scored
+        parsed = read_or_warn(extra, rid, logger) if extra else None
+        if parsed is not None and parsed.arrol is not None:
+            flags, g = parsed.arrol, parsed.group
+            if parsed.darts is not None and g is not None:
                 # composition rule: in a DARTS group κ applies to the redundant M' − M
                 flags = replace(flags, kappa=rule.composed_kappa(flags.kappa, g.size,
                                                                  g.redundant))
@@ -258,7 +259,14 @@ class HeadScorer:
         """Before sampling: the rows whose ``l_detect``-th token this step computes,
         scored in one call, and the log-softmax of the logits rows whose tokens feed the
         traces of samples not yet scored.  Acceptance of draft rows is settled in
-        :meth:`finish`."""
+        :meth:`finish`.  Its host time goes to the step trace (:data:`vllm_rl.cost.host.WORKER`)."""
+        t0 = perf_counter_ns()
+        try:
+            return self._plan(runner, state)
+        finally:
+            HOST.scorer_ns += perf_counter_ns() - t0
+
+    def _plan(self, runner, state) -> Plan | None:
         self._drain_pending()
         so = state.scheduler_output
         batch = runner.input_batch
@@ -345,7 +353,14 @@ class HeadScorer:
     def finish(self, plan: Plan, out) -> None:
         """After sampling: add this step's kept tokens to the traces, keep the candidate
         rows whose token is the sample's own, decide, and attach the verdicts to the
-        step's output."""
+        step's output.  Its host time goes to the step trace (:data:`vllm_rl.cost.host.WORKER`)."""
+        t0 = perf_counter_ns()
+        try:
+            self._finish(plan, out)
+        finally:
+            HOST.scorer_ns += perf_counter_ns() - t0
+
+    def _finish(self, plan: Plan, out) -> None:
         mro = getattr(out, "_model_runner_output", out)
         sampled = getattr(mro, "sampled_token_ids", None)
         index = getattr(mro, "req_id_to_index", None) or {}

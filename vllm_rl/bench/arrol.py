@@ -25,7 +25,11 @@
    vLLM (same seeds, same process).  Reported: per group, the positive share of the kept
    samples against ρ and E[ρ̂(1 − ρ̂)] (the paper's Table 4 quantities), the kept share
    against κ, tokens, engine steps, CPU wall, and the projected H100 time of the same
-   steps (``vllm_rl.cost``; a projection).
+   steps (``vllm_rl.cost``; a projection): the forward passes only, and with the host
+   time measured here on each step's critical path counted (scheduling, output
+   processing, ARRoL's scorer, times ``--host-scale``; both engines schedule
+   asynchronously, so the core's part overlaps the forward pass and the scorer's does
+   not: :func:`vllm_rl.cost.host.host_counted`).
 
 Output: tables on stdout, JSON and a PNG under ``bench-results/``.
 """
@@ -102,7 +106,7 @@ def head_quality(llm, args, train, heldout, hidden_size, l_detect):
     }, head, (s_train, ys)
 
 
-def rollout_step(llm, stock, prompts, args, l_detect, costs):
+def rollout_step(llm, stock, prompts, args, l_detect, costs, host_scale: float = 1.0):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -148,8 +152,14 @@ def rollout_step(llm, stock, prompts, args, l_detect, costs):
             "rho_var": statistics.fmean(s * (1 - s) for s in shares),
             "degenerate_groups": sum(s in (0.0, 1.0) for s in shares),
             "shares": shares,
-            **{f"projected_ms_{k}": steps.project(c).total_ms for k, c in costs.items()},
         }
+        for k, c in costs.items():
+            proj = steps.project(c, host_scale=host_scale)
+            out[name][f"projected_ms_{k}"] = proj.total_ms
+            out[name][f"host_counted_ms_{k}"] = proj.host_counted_ms
+            out[name]["host_core_ms"] = proj.host_core_ms
+            out[name]["host_worker_ms"] = proj.host_worker_ms
+            out[name]["asynchronous"] = proj.asynchronous
     return out
 
 
@@ -169,6 +179,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--weight-decay", type=float, default=1e-2)
     ap.add_argument("--head-inputs", default="both", choices=("hidden", "trace", "both"),
                     help="the head the rollout step uses (default both)")
+    ap.add_argument("--host-scale", type=float, default=1.0,
+                    help="multiplies the host times measured here in the host-counted "
+                         "projection: 0.5 models a host CPU twice as fast (default 1.0)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench-results")
     args = ap.parse_args(argv)
@@ -217,19 +230,25 @@ def main(argv: list[str] | None = None) -> None:
     cal = buffer.calibration(kappa=args.kappa, rho=args.rho)
     version = llm.arrol_update(head=head.export(1), calibration=cal)
     costs = {s: load_cost(f"h100:{s}") for s in ("qwen3-8b", "qwen3-1.7b")}
-    step = rollout_step(llm, stock, heldout, args, chosen, costs)
+    step = rollout_step(llm, stock, heldout, args, chosen, costs, args.host_scale)
     print(f"\none rollout step: {args.heldout} held-out prompts x {args.group}, "
           f"l_detect {chosen}, kappa {args.kappa}, rho {args.rho}, head version {version}, "
           f"calibration delta {cal.delta:.4f} prior {cal.prior:.3f}; projected H100 ms are "
-          "a PROJECTION of the same engine steps on the step-cost table")
+          "a PROJECTION of the same engine steps on the step-cost table (forward passes "
+          "only); host_counted_ms adds the host time MEASURED on this CPU "
+          f"(x {args.host_scale:g}; async engines: the core's part under max, the "
+          "scorer's added)")
     keys = ["wall_s", "engine_steps", "tokens", "kept", "kept_share", "positive_share_mean",
-            "abs_dev_from_rho", "rho_var", "degenerate_groups", "projected_ms_qwen3-8b",
-            "projected_ms_qwen3-1.7b"]
+            "abs_dev_from_rho", "rho_var", "degenerate_groups", "host_core_ms",
+            "host_worker_ms", "projected_ms_qwen3-8b", "host_counted_ms_qwen3-8b",
+            "projected_ms_qwen3-1.7b", "host_counted_ms_qwen3-1.7b"]
     _table([{"engine": k, **{kk: v[kk] for kk in keys}} for k, v in step.items()],
            ["engine", *keys])
     s, a = step["stock"], step["arrol"]
     print(f"arrol vs stock: tokens {s['tokens'] / a['tokens']:.3f}x fewer, CPU wall "
-          f"{s['wall_s'] / a['wall_s']:.3f}x, projected 8B {s['projected_ms_qwen3-8b'] / a['projected_ms_qwen3-8b']:.3f}x")
+          f"{s['wall_s'] / a['wall_s']:.3f}x, projected 8B GPU-only "
+          f"{s['projected_ms_qwen3-8b'] / a['projected_ms_qwen3-8b']:.3f}x, with host "
+          f"{s['host_counted_ms_qwen3-8b'] / a['host_counted_ms_qwen3-8b']:.3f}x")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,16 @@ accepted length: 1 + accepted drafts per verification round, counted over every 
 step of every request).  The summary gives epochs 2.. (warm trees) and each
 configuration's wall-time ratio to ``stock`` on them.
 
+Every engine records its steps (:mod:`vllm_rl.engine.trace`), so each epoch is also
+priced on a GPU step-cost table (``--cost``; a projection, not a GPU measurement): the
+forward passes only ("GPU ms"), and with the host time measured here on each step's
+critical path ("+host ms": scheduling, output processing, the DAS drafter; times
+``--host-scale``), summed with the forward pass in the synchronous engines (every
+drafter, ``stock-sync``) and overlapped with it in ``stock``'s asynchronous one
+(:func:`vllm_rl.cost.host.host_counted`); "GPU x" and "+host x" are ``stock``'s time over
+the configuration's.  The host time of vLLM's own ``ngram`` / ``suffix`` proposers runs in
+the model runner and is not timed apart: it is in no column but the CPU wall.
+
 Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) unless ``--multiprocess``:
 on this 2-core machine vLLM's engine-core and worker processes compete with the compute
 for the cores, which slows every configuration here, and the speculative
@@ -55,18 +65,22 @@ def engines(names: list[str], model: str, seed: int) -> dict:
     import vllm
 
     from vllm_rl import LLM
+    from vllm_rl.engine.trace import CONFIG_KEY, TRACED_SCHEDULER_CLS, TRACED_SYNC_SCHEDULER_CLS
     from vllm_rl.llm import CPU_KV_CACHE_BYTES
 
     common = dict(seed=seed, max_model_len=1024, use_tqdm_on_load=False)
-    stock = dict(kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, **common)
+    stock = dict(kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, additional_config={CONFIG_KEY: True},
+                 **common)
+    sync = dict(async_scheduling=False, scheduler_cls=TRACED_SYNC_SCHEDULER_CLS, **stock)
     make = {
-        "stock": lambda: vllm.LLM(model, async_scheduling=True, **stock),
-        "stock-sync": lambda: vllm.LLM(model, async_scheduling=False, **stock),
-        "ngram": lambda: vllm.LLM(model, async_scheduling=False, speculative_config={
+        "stock": lambda: vllm.LLM(model, async_scheduling=True,
+                                  scheduler_cls=TRACED_SCHEDULER_CLS, **stock),
+        "stock-sync": lambda: vllm.LLM(model, **sync),
+        "ngram": lambda: vllm.LLM(model, speculative_config={
             "method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2,
-            "prompt_lookup_max": 5}, **stock),
-        "suffix": lambda: vllm.LLM(model, async_scheduling=False, speculative_config={
-            "method": "suffix", "num_speculative_tokens": K}, **stock),
+            "prompt_lookup_max": 5}, **sync),
+        "suffix": lambda: vllm.LLM(model, speculative_config={
+            "method": "suffix", "num_speculative_tokens": K}, **sync),
     }
     out = {}
     # In-process, each engine re-registers vLLM's CPU kernel overrides by walking every
@@ -80,7 +94,7 @@ def engines(names: list[str], model: str, seed: int) -> dict:
                 print("suffix: skipped (pip install arctic-inference==0.3.0 to run it)")
                 continue
         if name.startswith("das-"):
-            out[name] = LLM(model, das={"budget": K // 2}, **common)
+            out[name] = LLM(model, das={"budget": K // 2}, trace=True, **common)
         else:
             out[name] = make[name]()
     return out
@@ -100,17 +114,27 @@ class EpochRun:
     mean_length: float
     draft_proposed: int = 0
     draft_accepted: int = 0
+    projected_ms: float | None = None      # the engine's steps on the cost table, GPU only
+    host_counted_ms: float | None = None   # the same with the host time measured here counted
+    host_ms: float | None = None           # that host time (x host_scale)
 
 
 def run_epoch(llm, name: str, prompts: list[str], m: int, seed: int, max_tokens: int,
-              epoch: int) -> EpochRun:
+              epoch: int, cost=None, host_scale: float = 1.0) -> EpochRun:
     """One rollout step, M single requests per prompt, through the engine's step loop."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     from vllm_rl import rl_params
+    from vllm_rl.engine.trace import engine_trace
     from vllm_rl.outcome import RolloutInfo
     from vllm_rl.task import reward
+
+    try:
+        trace = engine_trace(llm)
+    except RuntimeError:                    # --multiprocess: the trace is in another process
+        trace = None
+    mark = trace.mark() if trace is not None else None
 
     policy = name[len("das-"):] if name.startswith("das-") else None
     engine = llm.llm_engine
@@ -139,11 +163,14 @@ def run_epoch(llm, name: str, prompts: list[str], m: int, seed: int, max_tokens:
             if out.finished:
                 infos.append(RolloutInfo.from_completion(c))
     wall = time.perf_counter() - t0
+    proj = trace.since(mark).project(cost or "h100", host_scale=host_scale) if trace else None
     rewards = [reward(prompts[which[r]], "".join(t)) for r, t in texts.items()]
     return EpochRun(name, epoch, wall, tokens, steps, request_steps, steps / tokens,
                     tokens / request_steps, statistics.fmean(rewards), tokens / len(texts),
                     sum(i.draft_proposed or 0 for i in infos),
-                    sum(i.draft_accepted or 0 for i in infos))
+                    sum(i.draft_accepted or 0 for i in infos),
+                    *((proj.total_ms, proj.host_counted_ms, proj.host_core_ms +
+                       proj.host_worker_ms) if proj else (None, None, None)))
 
 
 def summarize(runs: list[EpochRun]) -> list[dict]:
@@ -157,6 +184,9 @@ def summarize(runs: list[EpochRun]) -> list[dict]:
                **{k: statistics.fmean(getattr(r, k) for r in rs)
                   for k in ("wall_s", "tokens", "engine_steps", "fwd_per_token",
                             "tokens_per_request_step", "mean_reward", "mean_length")}}
+        for k in ("projected_ms", "host_counted_ms", "host_ms"):    # None: multiprocess
+            vals = [getattr(r, k) for r in rs]
+            row[k] = None if None in vals else statistics.fmean(vals)
         prop = sum(r.draft_proposed for r in rs)
         row["acceptance"] = sum(r.draft_accepted for r in rs) / prop if prop else None
         first = [r for r in runs if r.config == name and r.epoch == 0]
@@ -167,6 +197,9 @@ def summarize(runs: list[EpochRun]) -> list[dict]:
         if base is not None:
             row["wall_vs_stock"] = row["wall_s"] / base["wall_s"]
             row["fwd_vs_stock"] = row["engine_steps"] / base["engine_steps"]
+            if base["projected_ms"] and row["projected_ms"]:
+                row["gpu_speedup"] = base["projected_ms"] / row["projected_ms"]
+                row["host_speedup"] = base["host_counted_ms"] / row["host_counted_ms"]
     return rows
 
 
@@ -175,7 +208,10 @@ COLUMNS = [("config", "config", "{}"), ("epoch1_wall_s", "epoch1 s", "{:.2f}"),
            ("engine_steps", "fwd passes", "{:.0f}"), ("fwd_per_token", "fwd/token", "{:.4f}"),
            ("tokens_per_request_step", "accepted len", "{:.2f}"),
            ("acceptance", "draft acc", "{:.3f}"), ("mean_reward", "reward", "{:.3f}"),
-           ("wall_vs_stock", "wall vs stock", "{:.3f}"), ("fwd_vs_stock", "fwd vs stock", "{:.3f}")]
+           ("wall_vs_stock", "wall vs stock", "{:.3f}"), ("fwd_vs_stock", "fwd vs stock", "{:.3f}"),
+           ("host_ms", "host ms", "{:.0f}"), ("projected_ms", "GPU ms (proj.)", "{:.0f}"),
+           ("host_counted_ms", "+host ms (proj.)", "{:.0f}"),
+           ("gpu_speedup", "GPU x (proj.)", "{:.3f}"), ("host_speedup", "+host x (proj.)", "{:.3f}")]
 
 
 def print_table(rows: list[dict]) -> None:
@@ -204,6 +240,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--configs", default=",".join(ALL),
                     help=f"comma-separated, among {', '.join(ALL)} (default all)")
+    ap.add_argument("--cost", default="h100:qwen3-8b",
+                    help="the step-cost table the epochs are priced on (default h100:qwen3-8b)")
+    ap.add_argument("--host-scale", type=float, default=1.0,
+                    help="multiplies the host times measured here in the host-counted "
+                         "projection: 0.5 models a host CPU twice as fast (default 1.0)")
     ap.add_argument("--out", default="bench-results", help="folder for JSON and vLLM's log")
     ap.add_argument("--multiprocess", action="store_true",
                     help="vLLM's default engine-core and worker processes (default: in-process)")
@@ -221,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         ap.error(f"unknown configuration(s) {sorted(unknown)}; choose from {ALL}")
     model = args.model or str(MODEL_PATH)
+    from vllm_rl.cost import load_cost
+
+    cost = load_cost(args.cost)
     llms = engines(names, model, args.seed)
     names = [n for n in names if n in llms]
     prompts = heldout_prompts(args.prompts)
@@ -231,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     for epoch, name in tqdm(plan, desc="epochs x configs", unit="run"):
         llm = llms[name]
         runs.append(run_epoch(llm, name, prompts, args.m, args.seed + 10_000 * epoch,
-                              args.max_tokens, epoch))
+                              args.max_tokens, epoch, cost, args.host_scale))
     rows = summarize(runs)
     das_stats = {}
     for name in names:
@@ -243,7 +287,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nmodel {model}; {len(prompts)} prompts x {args.m} samples; {args.epochs} epochs "
           f"(epoch 1 fills the trees; columns other than 'epoch1 s' average epochs 2..); "
           f"max_tokens {args.max_tokens}; temperature 1; {K} draft tokens at most; "
-          f"{'multiprocess' if args.multiprocess else 'in-process'} engines")
+          f"{'multiprocess (no step trace: no projection)' if args.multiprocess else 'in-process'}"
+          f" engines; 'GPU ms' is a PROJECTION on the {args.cost} table (forward "
+          f"passes only), '+host ms' adds the host time MEASURED on this CPU (x "
+          f"{args.host_scale:g}; sync engines: summed, async stock: overlapped)")
     print_table(rows)
     for name, st in das_stats.items():
         print(f"{name} drafter: {json.dumps(st)}")

@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     from vllm import SamplingParams
 
     from vllm_rl import LLM, rl_params
-    from vllm_rl.task import heldout_prompts
+    from vllm_rl.task import MODEL_PATH, heldout_prompts
 
-    llm = LLM(max_model_len=512, das={"full_batch": 1 << 20, "off_batch": 1 << 20},
+    llm = LLM(MODEL_PATH, max_model_len=512, das={"full_batch": 1 << 20, "off_batch": 1 << 20},
               use_tqdm_on_load=False)
     prompts = heldout_prompts(64)
     extra = [rl_params(das={"problem_id": f"b{i}", "policy": "fixed"}) for i in range(64)]

@@ -78,7 +78,7 @@ def _worker(role: str, engine: str, conn, args: dict) -> None:
 
         if ":" in scheduler:
             common["scheduler_cls"] = scheduler.split(":", 1)[1]
-        llm = LLM(**common)
+        llm = LLM(MODEL_PATH, **common)
     from vllm.v1.engine.input_processor import InputProcessor
 
     patched = bool(getattr(InputProcessor.process_inputs, "_vllm_rl_patched", False))

@@ -15,13 +15,18 @@ head).  The step is run as a trainer runs it:
    same seeds, interleaved with the stock baselines, ``--repeats`` times.
 
 Each run's engine steps are priced on a GPU step-cost table (``--cost``; a projection,
-:mod:`vllm_rl.cost`), beside the CPU wall; ``--gpu-limits`` gives the engines an H100's
+:mod:`vllm_rl.cost`), beside the CPU wall, twice: the forward passes only ("GPU"), and
+with the host time measured here on each step's critical path ("+host": scheduling,
+output processing with the RL hooks, DAS's drafter, ARRoL's scorer, times
+``--host-scale``), added to the forward pass in the RL engine (DAS: synchronous
+scheduling) and overlapped with it in stock vLLM (asynchronous scheduling, as on a GPU):
+:func:`vllm_rl.cost.host.host_counted`.  ``--gpu-limits`` gives the engines an H100's
 scheduler limits, so batch shapes are the GPU's.  Reported per configuration: tokens,
 engine steps, the training group (samples, mean reward and length), the learning-signal
 diagnostics of :func:`vllm_rl.integrations.common.advantages.step_diagnostics`, and the
-speed-up over ``stock-M`` (CPU and projected).  Output: a table, a JSON file and two PNGs
-(length CDF; running samples over the step) in ``--out``, vLLM's log in
-``--out/vllm.log``.  ``vllm-rl bench`` with no subcommand is this benchmark at its quick
+speed-up over ``stock-M`` (CPU, projected GPU-only and projected with host time).
+Output: a table, a JSON file and two PNGs (length CDF; running samples over the step) in
+``--out``, vLLM's log in ``--out/vllm.log``.  ``vllm-rl bench`` with no subcommand is this benchmark at its quick
 defaults.
 """
 from __future__ import annotations
@@ -62,6 +67,9 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
     ap.add_argument("--cost", default="h100:qwen3-8b",
                     help="the step-cost table the runs are priced on, and the DAS engine "
                          "plans with (default h100:qwen3-8b)")
+    ap.add_argument("--host-scale", type=float, default=1.0,
+                    help="multiplies the host times measured here in the host-counted "
+                         "projection: 0.5 models a host CPU twice as fast (default 1.0)")
     ap.add_argument("--das-batch-cap", default=None, choices=("phase", "cost", "linear"),
                     help="the DAS engine's batch cap (DASConfig.batch_cap; default the "
                          "engine's, 'cost')")
@@ -95,9 +103,14 @@ class Run:
     lengths: list[int] = field(default_factory=list)
     batch_profile: list[int] = field(default_factory=list)
     step_wall_ms: list[float] = field(default_factory=list)
+    host_counted_ms: float = 0.0     # projected_ms with the host time counted
+    host_core_ms: float = 0.0        # measured: schedule + update_from_output (x host_scale)
+    host_worker_ms: float = 0.0      # measured: drafter + scorer (x host_scale)
+    asynchronous: bool | None = None     # how the engine schedules
 
 
-def run_once(llm, name: str, params: list, prompts: list[str], repeat: int, cost) -> Run:
+def run_once(llm, name: str, params: list, prompts: list[str], repeat: int, cost,
+             host_scale: float = 1.0) -> Run:
     """Drive the engine's step loop over one rollout step (one request per prompt, its
     own ``SamplingParams``) and read the records."""
     from vllm.sampling_params import RequestOutputKind
@@ -144,12 +157,14 @@ def run_once(llm, name: str, params: list, prompts: list[str], repeat: int, cost
             if mk.keep:
                 kept.append((r, len(c.token_ids)))
     diag = step_diagnostics(marks, group_advantages(rewards, marks, groups), groups)
-    return Run(name, repeat, wall, sum(lengths), len(steps), steps.project(cost).total_ms,
+    proj = steps.project(cost, host_scale=host_scale)
+    return Run(name, repeat, wall, sum(lengths), len(steps), proj.total_ms,
                len(lengths), len(kept),
                statistics.fmean(r for r, _ in kept) if kept else 0.0,
                statistics.fmean(n for _, n in kept) if kept else 0.0, reasons, proposed,
                accepted, diag, lengths, [len(w) for w, _ in steps.steps()],
-               list(steps.wall_ms))
+               list(steps.wall_ms), proj.host_counted_ms, proj.host_core_ms,
+               proj.host_worker_ms, proj.asynchronous)
 
 
 # ----------------------------------------------------------------------------- the step
@@ -277,7 +292,7 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
         bar.set_postfix_str(f"{name} (repeat {rep + 1}/{args.repeats})")
         llm = stock if name.startswith("stock") else rl
         runs.append(run_once(llm, name, step_params(name, prompts, args, plans, duet),
-                             prompts, rep, cost))
+                             prompts, rep, cost, args.host_scale))
         bar.update(1)
     bar.set_postfix_str("done")
     bar.close()
@@ -302,8 +317,9 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
 # ----------------------------------------------------------------------------- report
 
 
-MEDIANS = ("wall_s", "tokens", "engine_steps", "projected_ms", "samples", "kept",
-           "kept_mean_reward", "kept_mean_length", "draft_proposed", "draft_accepted")
+MEDIANS = ("wall_s", "tokens", "engine_steps", "projected_ms", "host_counted_ms",
+           "host_core_ms", "host_worker_ms", "samples", "kept", "kept_mean_reward",
+           "kept_mean_length", "draft_proposed", "draft_accepted")
 DIAGNOSTICS = ("loss_samples_mean", "zero_adv_groups", "ess_fraction", "eps_weight_share")
 
 
@@ -323,11 +339,13 @@ def summarize(runs: list[Run], base: str) -> list[dict]:
             for k, v in r.reasons.items():
                 reasons[k] = reasons.get(k, 0) + v
         row["reasons"] = {k: v / len(rs) for k, v in reasons.items()}
+        row["asynchronous"] = rs[0].asynchronous
         rows.append(row)
     b = next(r for r in rows if r["config"] == base)
     for row in rows:
         row["cpu_speedup"] = b["wall_s"] / row["wall_s"]
         row["gpu_speedup"] = b["projected_ms"] / row["projected_ms"]
+        row["host_speedup"] = b["host_counted_ms"] / row["host_counted_ms"]
     return rows
 
 
@@ -344,8 +362,12 @@ def header(args, model: str, n_prompts: int, duet: dict, arrol: dict, plans: dic
             f"{duet['k1']}/{duet['k2']}, ARRoL's head held-out AUC {auc:.2f} (gate "
             f"{'open' if arrol.get('arrol/gate_open') else 'shut'}).\n"
             f"'GPU ms' is a PROJECTION: the same engine steps priced on the {args.cost} "
-            f"step-cost table (not a GPU measurement); speed-ups are stock-{args.m}'s time "
-            f"over the configuration's.\n")
+            f"step-cost table (not a GPU measurement), forward passes only. '+host ms' adds "
+            f"the host time MEASURED on this CPU on each step's critical path (scheduling, "
+            f"output processing, drafter, scorer; x {args.host_scale:g}): summed with the "
+            f"forward pass where the engine schedules synchronously (sync), overlapped "
+            f"with it where it schedules asynchronously (async: max). Speed-ups are "
+            f"stock-{args.m}'s time over the configuration's.\n")
 
 
 COLUMNS = (("config", "config", "{}"), ("tokens", "tokens", "{:,.0f}"),
@@ -354,8 +376,12 @@ COLUMNS = (("config", "config", "{}"), ("tokens", "tokens", "{:,.0f}"),
            ("kept_mean_length", "kept len", "{:.1f}"),
            ("loss_samples_mean", "loss/grp", "{:.1f}"), ("zero_adv_groups", "0-adv grps", "{:.2f}"),
            ("ess_fraction", "ESS/n", "{:.2f}"), ("wall_s", "CPU s", "{:.1f}"),
-           ("cpu_speedup", "CPU x", "{:.2f}"), ("projected_ms", "GPU ms (proj.)", "{:,.0f}"),
-           ("gpu_speedup", "GPU x (proj.)", "{:.2f}"), ("notes", "technique counts", "{}"))
+           ("cpu_speedup", "CPU x", "{:.2f}"), ("sched", "sched.", "{}"),
+           ("host_ms", "host ms", "{:,.0f}"),
+           ("projected_ms", "GPU ms (proj.)", "{:,.0f}"),
+           ("host_counted_ms", "+host ms (proj.)", "{:,.0f}"),
+           ("gpu_speedup", "GPU x (proj.)", "{:.2f}"),
+           ("host_speedup", "+host x (proj.)", "{:.2f}"), ("notes", "technique counts", "{}"))
 
 
 def notes(r: dict) -> str:
@@ -375,8 +401,11 @@ def table(rows: list[dict], base: str) -> str:
     lines = ["| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
              "|" + "---|" * len(COLUMNS)]
     for r in rows:
-        r = {**r, "notes": notes(r)}
-        lines.append("| " + " | ".join(fmt.format(r[k]) for k, _, fmt in COLUMNS) + " |")
+        host = (r["host_core_ms"] + r["host_worker_ms"]) if "host_core_ms" in r else None
+        sched = {True: "async", False: "sync"}.get(r.get("asynchronous"))
+        r = {**r, "notes": notes(r), "host_ms": host, "sched": sched}
+        lines.append("| " + " | ".join("–" if r.get(k) is None else fmt.format(r[k])
+                                       for k, _, fmt in COLUMNS) + " |")
     return "\n".join(lines)
 
 

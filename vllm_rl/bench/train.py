@@ -1,7 +1,7 @@
 """``vllm-rl bench train``: time-to-accuracy of GRPO through the engine, stock vs each technique.
 
 TRL's ``GRPOTrainer`` trains the embedded model with rollouts from an engine in the same
-process (:class:`vllm_rl.integrations.trl.RolloutFunc`, the trainer's weights into the
+process (:class:`vllm_rl.integrations.trl.rollout.RolloutFunc`, the trainer's weights into the
 engine every step), one run per (configuration, seed), every run from the same model:
 
 * ``stock``: stock vLLM (its own scheduler) and plain GRPO, M samples per prompt;
@@ -17,7 +17,10 @@ engine every step), one run per (configuration, seed), every run from the same m
 
 Each step's rollout is priced on a measured GPU step-cost table (``--cost``, default the
 H100 table for Qwen3-8B shapes): the engine's own steps (batch, query widths, contexts
-from its step trace) projected, not the CPU's wall time.  Held-out accuracy: ``--eval-
+from its step trace) projected, not the CPU's wall time.  Beside it, the same steps with
+the host time measured here counted (scheduling, output processing, DAS's drafter,
+ARRoL's scorer, times ``--host-scale``: added to the forward pass in a synchronous
+engine, overlapped with it in stock vLLM's asynchronous one; :mod:`vllm_rl.cost.host`).  Held-out accuracy: ``--eval-
 prompts`` never-trained prompts × ``--eval-samples`` samples at the training temperature,
 every ``--eval-every`` steps, *after* the step's weights are loaded into the engine; the
 same seeded samples for every configuration (common random numbers).
@@ -81,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--cost", default="h100:qwen3-8b",
                     help="the step-cost table the rollouts are priced on")
+    ap.add_argument("--host-scale", type=float, default=1.0,
+                    help="multiplies the host times measured here in the host-counted "
+                         "projection: 0.5 models a host CPU twice as fast (default 1.0)")
     ap.add_argument("--out", default="bench-results", help="folder for JSON, PNG, vllm.log")
     ap.add_argument("--resume", action="store_true",
                     help="reuse the runs already in --out/runs from the same arguments")
@@ -194,9 +200,12 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
             rows = [(p, i, t) for p, infos, texts in zip(last.prompts, last.infos, last.texts)
                     for i, t in zip(infos, texts)]
             kept = [reward(p, t) for (p, _, t), m in zip(rows, marks) if m.keep]
-            proj = trace.since(state["mark"]).project(cost)
+            proj = trace.since(state["mark"]).project(cost, host_scale=args.host_scale)
             row = {"step": st.global_step, "train_reward": statistics.fmean(kept) if kept else 0.0,
-                   "h100_s": proj.total_ms / 1000, "engine_steps": len(trace.since(state["mark"])),
+                   "h100_s": proj.total_ms / 1000, "h100_host_s": proj.host_counted_ms / 1000,
+                   "host_core_s": proj.host_core_ms / 1000,
+                   "host_worker_s": proj.host_worker_ms / 1000,
+                   "engine_steps": len(trace.since(state["mark"])),
                    "tokens": last.generated_tokens, "samples": len(rows),
                    "redundant": sum(last.redundant), "rollout_cpu_s": last.wall_s,
                    "length": last.generated_tokens / max(len(rows), 1),
@@ -274,7 +283,7 @@ def _worker(jobs, args_dict, queue) -> None:
                              progress=lambda n, s, row: queue.put(("step", n, s, row)),
                              start_cache=start_cache)
             queue.put(("done", name, seed, result))
-        except Exception as e:          # report, keep the other jobs going
+        except Exception:               # report, keep the other jobs going
             import traceback
 
             queue.put(("error", name, seed, traceback.format_exc()))
@@ -351,6 +360,9 @@ def summarize(runs: list[dict]) -> dict:
         mean_pts = [(statistics.fmean(c[k][1] for c in curves),
                      statistics.fmean(c[k][2] for c in curves)) for k in range(n_pts)]
         total = statistics.fmean(sum(s["h100_s"] for s in r["steps"]) for r in rs)
+        host_total = None                  # runs written before host times were traced: none
+        if all("h100_host_s" in s for r in rs for s in r["steps"]):
+            host_total = statistics.fmean(sum(s["h100_host_s"] for s in r["steps"]) for r in rs)
         diag = {}
         for key in ("diag_loss_samples_mean", "diag_zero_adv_groups", "diag_ess_fraction",
                     "diag_eps_weight_share"):
@@ -359,7 +371,7 @@ def summarize(runs: list[dict]) -> dict:
                 diag[key[5:]] = statistics.fmean(vals)
         row = {"seeds": len(rs), "final": final[0], "final_lo": final[1], "final_hi": final[2],
                "start": statistics.fmean(r["heldout_start"] for r in rs),
-               "h100_total_s": total,
+               "h100_total_s": total, "h100_host_total_s": host_total,
                "tokens": statistics.fmean(sum(s["tokens"] for s in r["steps"]) for r in rs),
                "engine_steps": statistics.fmean(sum(s["engine_steps"] for s in r["steps"])
                                                 for r in rs),
@@ -382,6 +394,8 @@ def summarize(runs: list[dict]) -> dict:
         base = out["stock"]["h100_total_s"]
         for row in out.values():
             row["h100_vs_stock"] = base / row["h100_total_s"] if row["h100_total_s"] else None
+            host_base, host = out["stock"].get("h100_host_total_s"), row.get("h100_host_total_s")
+            row["h100_host_vs_stock"] = host_base / host if host_base and host else None
             for key in ("target", "mean"):
                 t = row.get(f"time_to_{key}_s")
                 row[f"time_to_{key}_frac"] = t / base if t is not None and base else None
@@ -399,10 +413,16 @@ def _delta(r: dict) -> str:
     return f"{r['delta']:+.3f} ({r['delta_lo']:+.3f} to {r['delta_hi']:+.3f})"
 
 
+def _host_total(r: dict) -> str:
+    t = r.get("h100_host_total_s")
+    return "–" if t is None else f"{t:.1f} ({r.get('h100_host_vs_stock') or 0:.2f}×)"
+
+
 def table(summary: dict) -> str:
     head = ("config", "seeds", "held-out start", "final (95% CI)", "vs stock, paired (95% CI)",
             "time to stock's final CI low, proj. s (× stock total)",
             "time to stock's final mean, proj. s (× stock total)", "total proj. s (× stock)",
+            "total proj. + host s (× stock)",
             "tokens", "train reward (last 5)", "loss samples / group", "zero-adv groups",
             "ESS / n", "1/ε share")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -412,7 +432,7 @@ def table(summary: dict) -> str:
             f"| {name} | {r['seeds']} | {r['start']:.3f} | {r['final']:.3f} "
             f"({r['final_lo']:.3f}–{r['final_hi']:.3f}) | {_delta(r)} | {tts} | {ttm} | "
             f"{r['h100_total_s']:.1f} "
-            f"({r.get('h100_vs_stock') or 0:.2f}×) | {r['tokens']:,.0f} | "
+            f"({r.get('h100_vs_stock') or 0:.2f}×) | {_host_total(r)} | {r['tokens']:,.0f} | "
             f"{r['train_reward_last5']:.3f} | {r.get('loss_samples_mean', 0):.1f} | "
             f"{r.get('zero_adv_groups', 0):.2f} | {r.get('ess_fraction', 0):.2f} | "
             f"{r.get('eps_weight_share', 0):.3f} |")
@@ -467,7 +487,7 @@ def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
 
 # the arguments that decide a run's result (a finished run is reused only if they match)
 RUN_ARGS = ("steps", "prompts", "m", "pool", "max_tokens", "lr", "eval_every", "eval_prompts",
-            "eval_samples", "heldout_seed", "l_detect", "arrol_cold", "cost")
+            "eval_samples", "heldout_seed", "l_detect", "arrol_cold", "cost", "host_scale")
 
 
 def _run_args(args) -> dict:

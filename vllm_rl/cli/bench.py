@@ -19,7 +19,7 @@ import sys
 SUBCOMMANDS = {   # name -> (module, one line of help)
     "step": ("vllm_rl.bench.step", "one rollout step per configuration (each technique, all "
              "four) vs stock vLLM: tokens, steps, training group, diagnostics, CPU and "
-             "projected GPU time"),
+             "projected GPU time, without and with the host time"),
     "train": ("vllm_rl.bench.train", "time to accuracy: TRL GRPO on the embedded model "
               "through the engine, stock vs each technique vs all four, several seeds"),
     "das": ("vllm_rl.bench.das", "DAS over several epochs vs stock vLLM and vLLM's ngram "

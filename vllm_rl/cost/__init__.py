@@ -24,13 +24,16 @@ Two sources:
 
 :func:`load_cost` builds either from a spec (``None``/``"online"``, ``"h100"``,
 ``"h100:qwen3-1.7b"``, ``"table.json:shape"``, ``{"table": ..., "shape": ...}``);
-:func:`project` costs a trace of steps.  Pure Python; importing this imports no torch.
+:func:`project` costs a trace of steps; :func:`host_counted` adds the host time measured
+around each step (:mod:`vllm_rl.cost.host`).  Pure Python; importing this imports no torch.
 """
 from __future__ import annotations
 
 from vllm_rl.cost.base import Projection, StepCost, project
+from vllm_rl.cost.host import host_counted
 from vllm_rl.cost.load import load_cost
 from vllm_rl.cost.online import OnlineCost
 from vllm_rl.cost.table import TableCost
 
-__all__ = ["OnlineCost", "Projection", "StepCost", "TableCost", "load_cost", "project"]
+__all__ = ["OnlineCost", "Projection", "StepCost", "TableCost", "host_counted", "load_cost",
+           "project"]

@@ -164,12 +164,39 @@ class StepCost(abc.ABC):
 
 @dataclass(frozen=True)
 class Projection:
-    """The projected time of a trace of steps under one cost model."""
+    """The projected time of a trace of steps under one cost model.
+
+    ``total_ms`` (= :attr:`gpu_ms`) prices the forward passes only.  A projection of a
+    :class:`~vllm_rl.engine.trace.StepTrace` that recorded host times also counts them
+    (:func:`vllm_rl.cost.host.host_counted`): ``host_counted_ms`` is the same steps with
+    the host time on their critical path, ``host_core_ms`` / ``host_worker_ms`` the host
+    times it counted (engine core: schedule and output processing; worker: drafter and
+    scorer), already multiplied by ``host_scale``; ``asynchronous`` says how the engine
+    scheduled.  Without host times these stay ``None``.
+    """
 
     total_ms: float
     steps: int
     per_step_ms: list[float] = field(repr=False)
     cost_name: str
+    host_counted_ms: float | None = None
+    per_step_host_counted_ms: list[float] | None = field(default=None, repr=False)
+    host_core_ms: float | None = None
+    host_worker_ms: float | None = None
+    host_scale: float | None = None
+    asynchronous: bool | None = None
+
+    @property
+    def gpu_ms(self) -> float:
+        """The forward passes only (the GPU-only projection): ``total_ms``."""
+        return self.total_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        """The totals (no per-step lists), JSON-able."""
+        return {"gpu_ms": self.total_ms, "host_counted_ms": self.host_counted_ms,
+                "host_core_ms": self.host_core_ms, "host_worker_ms": self.host_worker_ms,
+                "host_scale": self.host_scale, "asynchronous": self.asynchronous,
+                "steps": self.steps, "cost_name": self.cost_name}
 
 
 def project(trace: Iterable[tuple[Sequence[int], Sequence[int]]],

@@ -14,7 +14,7 @@ Ties between equal lengths go to the sample that finished first (the group's
 ``finish_rank``: an earlier step, then the engine's processing order within the
 step); a sibling still generating when the rule fires always ends longer.  The
 selection functions are pure and shared by the engine and the client-side
-annotation (:func:`vllm_rl.outcome.annotate_group`), which applies the same key.
+annotation (:func:`annotate_group`), which applies the same key.
 """
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ scheduling only, so a DAS engine uses :class:`~vllm_rl.engine.scheduler.RLSyncSc
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from vllm_rl.flags import DAS_POLICIES, MAX_DRAFT, FlagError
+from vllm_rl.flags import DAS_POLICIES, MAX_DRAFT, FlagError, RLFlags
 
 PROPOSER = "vllm_rl.das.drafter.DASProposer"
 CONFIG_KEY = "vllm_rl_das"
@@ -134,7 +134,7 @@ class DASConfig:
         # tokens stay on the GPU, the CPU-side drafters get an empty token list
         # (gpu_model_runner.py `valid_sampled_token_ids = []`, 0.32:3538, 0.33:3504) and the
         # engine core never hands drafts to the scheduler (v1/engine/core.py post_step,
-        # 0.32:693, 0.33:703).  See notes/issue20-das.md.
+        # 0.32:693, 0.33:703).
         return {
             "speculative_config": {"method": "custom_class", "model": PROPOSER,
                                    "num_speculative_tokens": self.num_speculative_tokens},
@@ -160,20 +160,22 @@ def prompt_problem_id(prompt_token_ids) -> str:
     return "prompt:" + h.hexdigest()
 
 
-def check_engine(canonical: dict[str, Any], vllm_config: Any) -> None:
-    """Reject, at submission, DAS flags this engine cannot honour."""
-    das = canonical.get("das")
+def check_engine(flags: RLFlags | None, vllm_config: Any) -> RLFlags | None:
+    """Reject, at submission, DAS flags this engine cannot honour; the flags with the
+    engine's policy filled in (the request's record names the policy it ran)."""
+    das = None if flags is None else flags.das
     if das is None:
-        return
+        return flags
     cfg = DASConfig.from_vllm_config(vllm_config)
     if cfg is None:
         raise FlagError("das", "this engine was started without the DAS drafter",
                         "an engine started with vllm_rl.LLM(das=True) or engine_args(das=...)")
-    if das.get("budget") is not None and das["budget"] > cfg.budget:
-        raise FlagError("das.budget", f"value {das['budget']} above the engine's b={cfg.budget}",
+    if das.budget is not None and das.budget > cfg.budget:
+        raise FlagError("das.budget", f"value {das.budget} above the engine's b={cfg.budget}",
                         f"int in [0, {cfg.budget}]")
-    if das.get("policy") is None:
-        das["policy"] = cfg.policy          # the request's record names the policy it ran
+    if das.policy is None:
+        flags = replace(flags, das=replace(das, policy=cfg.policy))
+    return flags
 
 
 __all__ = ["BATCH_CAPS", "DASConfig", "check_engine", "default_problem_id", "prompt_problem_id"]

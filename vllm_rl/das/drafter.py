@@ -24,12 +24,12 @@ Per step, for each request whose flags have a ``das`` section:
    from online estimates of their acceptance (Eq. 3) and remaining length;
    ``"fixed"`` always drafts 2b.  The batch cap then decides how much of it the step
    drafts (drafting stops paying on a big batch, Sec. 4.2.1): ``"phase"``
-   (:func:`vllm_rl.das.budget.phase_budgets`, :meth:`DASProposer._phase`) gives each
+   (:func:`vllm_rl.das.caps.phase_budgets`, :meth:`DASProposer._phase`) gives each
    request the length that makes the next step cheapest per generated token on the
    engine's step-cost model, from its own acceptance estimate (Eq. 3's k): off or short
    in the bulk of a rollout step, the full budget in its tail; ``"cost"`` one length
-   for all (:func:`vllm_rl.das.budget.cost_cap`); ``"linear"`` a fixed scale
-   (:func:`vllm_rl.das.budget.batch_cap`).
+   for all (:func:`vllm_rl.das.caps.cost_cap`); ``"linear"`` a fixed scale
+   (:func:`vllm_rl.das.caps.batch_cap`).
 4. *Draft*: the most frequent continuation of the longest context suffix that the
    tree has seen continued (the rollout itself is in the tree, so its own last
    occurrence never continues: the C++ draft backs off, by bisection, to the longest
@@ -54,7 +54,8 @@ from vllm.logger import init_logger
 from vllm_rl.das import budget as policy
 from vllm_rl.das import caps as draft_caps
 from vllm_rl.cost import OnlineCost, load_cost
-from vllm_rl.flags import DasFlags, FlagError, extract, normalize, parse
+from vllm_rl.cost.host import WORKER as HOST     # the drafter's host time, for the trace
+from vllm_rl.flags import DasFlags, read_or_warn
 from vllm_rl.das.config import DASConfig, prompt_problem_id
 from vllm_rl.das.store import ProblemTrees
 from vllm_rl.das.tree import draft_many
@@ -188,6 +189,15 @@ class DASProposer:
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                 slot_mappings=None) -> list[list[int]]:
+        """vLLM's ``custom_class`` hook: each row's drafts.  Its host time goes to the
+        step trace (:data:`vllm_rl.cost.host.WORKER`)."""
+        t0 = time.perf_counter_ns()
+        try:
+            return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        finally:
+            HOST.drafter_ns += time.perf_counter_ns() - t0
+
+    def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
         runner, sched = self._runner, self._sched
         if runner is None:
             raise RuntimeError("DASProposer.propose called without bind_step: the "
@@ -365,7 +375,7 @@ class DASProposer:
             self._seal(rid)                      # the id was reused by a new request
         st = None
         params = getattr(cached, "sampling_params", None)
-        flags = _das_flags(getattr(params, "extra_args", None))
+        flags = _das_flags(getattr(params, "extra_args", None), rid)
         if flags is not None:
             st = self._start(flags, params, cached, batch, i)
         self.requests[rid] = st
@@ -561,12 +571,9 @@ class DASProposer:
         return self.store.clear(problem_id)
 
 
-def _das_flags(extra_args: dict | None) -> DasFlags | None:
-    """A request's DAS flags (canonical from the front end, or raw without the plugin)."""
-    try:
-        raw = extract(extra_args)
-        if raw is None or raw.get("das") is None:
-            return None
-        return parse(normalize(raw)).das
-    except (FlagError, AttributeError, TypeError):
-        return None          # the front end rejects bad flags; never crash the worker here
+def _das_flags(extra_args: dict | None, request_id: str) -> DasFlags | None:
+    """A request's DAS flags, read once per request (:func:`vllm_rl.flags.read`: the
+    canonical form the front end wrote).  Flags that do not read (the front end was
+    bypassed) are logged once for the request, which is served without drafts."""
+    flags = read_or_warn(extra_args, request_id, logger)
+    return None if flags is None else flags.das

@@ -2,7 +2,7 @@
 2 / Eq. 4).
 
 The per-step token budget ``B`` is split by the cost-weighted Neyman rule n_q = σ_q / (λ
-sqrt(L̄_q)) (the square root restored from the proof of Theorem 1; ``docs/techniques.md``),
+sqrt(L̄_q)) (the square root restored from the proof of Theorem 1; ``docs/duet_notes.md``),
 with λ* found by bisection warm-started at the previous step's (Alg. A.10 l.6):
 :func:`allocate`.  The continuous optimum (:func:`neyman_allocation`,
 :func:`neyman_variance`) is the reference the integer allocation tracks.  Pure Python,

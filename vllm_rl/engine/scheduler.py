@@ -45,7 +45,7 @@ from vllm_rl.duet import markers
 from vllm_rl.duet import rule as duet
 from vllm_rl.arrol.rule import ArrolVerdict
 from vllm_rl.engine.trace import TraceMixin
-from vllm_rl.flags import FlagError, extract, normalize, parse
+from vllm_rl.flags import KEY, read_or_warn
 from vllm_rl.outcome import Reason, RolloutInfo
 
 logger = init_logger(__name__)
@@ -75,6 +75,10 @@ class RLSchedulerMixin(TraceMixin):
         self.duet_thresholds: dict[str, duet.OnlineThresholds] = {}
         self._duet_live: dict[str, int] = {}
         self._tokenizer = None
+        # Weight syncs seen (every prefix-cache reset is one: ``reset_prefix_cache``)
+        # and the last one's report.
+        self.rl_weight_version = 0
+        self.rl_last_sync: dict | None = None
 
     # ------------------------------------------------------------------ admission
     def add_request(self, request: Request) -> None:
@@ -88,15 +92,21 @@ class RLSchedulerMixin(TraceMixin):
         super().add_request(request)
 
     def _admit(self, request: Request, extra_args: dict) -> Member | None:
-        try:
-            raw = extract(extra_args)
-            if raw is None:
-                return None
-            flags = parse(normalize(raw, n=None, default_group_id=request.request_id))
-        except FlagError as e:  # only if the front end skipped validation (no plugin)
-            logger.error("request %s: %s; serving it without RL flags", request.request_id, e)
+        """The engine's one read of a request's flags (the canonical form the front end
+        wrote; :func:`vllm_rl.flags.read`).  Flags the front end did not vet (it was
+        bypassed) that do not read are logged once and the request is served without
+        them: they leave its params, so the workers' readers never see them either."""
+        if not any(k == KEY or k.startswith(KEY + ".") for k in extra_args
+                   if isinstance(k, str)):
             return None
-        member = Member(request.request_id, flags)
+        flags = read_or_warn(extra_args, request.request_id, logger,
+                             default_group_id=request.request_id)
+        if flags is None:
+            params = request.sampling_params
+            params.extra_args = {k: v for k, v in extra_args.items()
+                                 if not (isinstance(k, str) and k.startswith(KEY))} or None
+            return None
+        member = Member(request.request_id, flags, weight_version=self.rl_weight_version)
         if flags.duet is not None:
             member.duet = self._duet_state(request, flags.duet, flags.darts is not None)
         return member
@@ -259,6 +269,47 @@ class RLSchedulerMixin(TraceMixin):
         if self._duet_live[kind] == 0:
             self.duet_thresholds[kind].end_round()
 
+    # ------------------------------------------------------------------ weight syncs
+    def reset_prefix_cache(self, reset_running_requests: bool = False,
+                           reset_connector: bool = False) -> bool:
+        """A weight sync: after it, no request reads KV computed with older weights.
+
+        verl, OpenRLHF, TRL and :mod:`vllm_rl.weights` reset the prefix cache at every
+        weight sync.  vLLM's reset refuses (and logs it) while requests hold blocks,
+        which leaves every cached block of the old weights open to new hits.  Here the
+        requests holding blocks are always preempted first, as vLLM's own
+        ``pause_generation(clear_cache=True)`` does (``reset_running_requests``): their
+        blocks are freed, the cache is emptied, and they resume by recomputing their
+        prompt and tokens so far on the new weights.  So the reset always succeeds, and a
+        block cached afterwards was computed afterwards.
+
+        The sync bumps :attr:`rl_weight_version`; a flagged sample with tokens from
+        before it says in its record where the new version began
+        (``RolloutInfo.weight_versions``).  :attr:`rl_last_sync` reports what happened
+        (read by the ``vllm_rl_weight_sync`` utility, ``patches/weight_sync.py``).
+        """
+        recomputed = sum(1 for r in self.running if r.num_computed_tokens > 0)
+        cached = _cached_blocks(self.kv_cache_manager)
+        ok = super().reset_prefix_cache(True, reset_connector)
+        self.rl_weight_version += 1
+        version, across = self.rl_weight_version, 0
+        for rid, member in self.rl_members.items():
+            request = self.requests.get(rid)
+            n = request.num_output_tokens if request is not None else 0
+            if n == 0:
+                member.weight_version = version     # no token from the old weights
+            else:
+                member.version_starts.append((version, n))
+                across += 1
+        self.rl_last_sync = {"weight_version": version, "prefix_cache_reset": ok,
+                             "cached_blocks_dropped": cached,
+                             "requests_recomputed": recomputed,
+                             "flagged_samples_across": across}
+        logger.info("weight sync %d: prefix cache reset (%s cached blocks dropped), %d "
+                    "requests in flight recomputed on the new weights", version, cached,
+                    recomputed)
+        return ok
+
     # ------------------------------------------------------------------ helpers
     def _record_end(self, request: Request, member: Member, reason: Reason) -> None:
         """A sample ended by itself or by its own policy: count it, maybe stop its group,
@@ -283,6 +334,7 @@ class RLSchedulerMixin(TraceMixin):
             group_id=group.flags.id if group else None, finish_rank=member.finish_rank,
             stop=request.stop_reason if reason in (Reason.EOS, Reason.STOP) else None,
             **_draft_fields(member), **_arrol_fields(member, reason),
+            **_version_fields(member),
             **(_duet_fields(state) if state is not None else {})).encode()
 
     def _duet_observe(self, member: Member, reason: Reason, length: int) -> None:
@@ -334,7 +386,7 @@ def _write_cancel_record(request: Request, member: Member) -> None:
     request.stop_reason = RolloutInfo(
         reason=Reason.DARTS_CANCELLED, length=request.num_output_tokens, weight=0.0,
         group_id=member.group.flags.id if member.group else None, **_draft_fields(member),
-        **_arrol_fields(member, Reason.DARTS_CANCELLED),
+        **_arrol_fields(member, Reason.DARTS_CANCELLED), **_version_fields(member),
         **(_duet_fields(member.duet) if member.duet is not None else {})).encode()
 
 
@@ -357,6 +409,25 @@ def _at_floor(member: Member) -> bool:
     others = sum(1 for m in group.live.values() if m is not member and not m.arrol_pending)
     missing = max(0, group.flags.redundant - group.arrived)
     return group.valid + others + missing < group.flags.size
+
+
+def _version_fields(member: Member) -> dict:
+    """The weight version of the sample's first token; where it ran across weight syncs,
+    each version and the output-token index where it began."""
+    if not member.version_starts:
+        return {"weight_version": member.weight_version}
+    spans = [[member.weight_version, 0]] + [[v, i] for v, i in member.version_starts]
+    return {"weight_version": member.weight_version, "weight_versions": spans}
+
+
+def _cached_blocks(kv_cache_manager) -> int | None:
+    """Blocks in the prefix cache's hash map (None where vLLM's layout differs)."""
+    pool = getattr(kv_cache_manager, "block_pool", None)
+    table = getattr(pool, "cached_block_hash_to_block", None)
+    try:
+        return len(table)
+    except TypeError:
+        return None
 
 
 def _draft_fields(member: Member) -> dict:

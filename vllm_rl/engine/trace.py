@@ -6,7 +6,13 @@ already cached before the step.  These are the scheduler's own decisions, indepe
 the machine that ran them, so the same trace can be priced with any
 :class:`~vllm_rl.cost.StepCost` (``trace.project(load_cost("h100:qwen3-8b"))``): a CPU run
 of the embedded model becomes a *projection* of the same steps on a GPU.  The trace also
-keeps each step's wall time on the machine that ran it.
+keeps each step's wall time on the machine that ran it and its host time: the CPU work
+on the step's critical path apart from the forward pass (scheduling, output processing
+with the RL hooks, DAS's drafter, ARRoL's scorer), which a GPU server's host does the
+same; ``trace.project(cost, host_scale=1.0)`` prices the steps both without it
+(``gpu_ms``) and with it (``host_counted_ms``, :func:`vllm_rl.cost.host.host_counted`:
+added to the forward pass in a synchronous engine, overlapped with it in an asynchronous
+one).
 
 Switch it on per engine with ``vllm_rl.LLM(trace=True)`` (``additional_config
 ["vllm_rl_trace"]``); :class:`TracedScheduler` is stock vLLM's ``AsyncScheduler`` with
@@ -15,41 +21,66 @@ Read it with :func:`engine_trace` (in-process engines, ``VLLM_ENABLE_V1_MULTIPRO
 """
 from __future__ import annotations
 
+import math
 import time
 from array import array
 from collections.abc import Iterator
+from time import perf_counter_ns
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from vllm_rl.settings import TRACE_KEY as CONFIG_KEY
+from vllm_rl.cost.host import WORKER
+from vllm_rl.engine import TRACE_KEY as CONFIG_KEY
 
 
 class StepTrace:
-    """Per engine step: query widths and cached contexts of its sequences, wall ms."""
+    """Per engine step: query widths and cached contexts of its sequences, wall ms, and
+    the host time on its critical path (ns): ``schedule_ns`` (the scheduler's
+    ``schedule``), ``update_ns`` (``update_from_output``, the RL scheduler's hooks
+    included), ``drafter_ns`` and ``scorer_ns`` (DAS's drafter and ARRoL's scorer in the
+    model runner, in-process engines only: :data:`vllm_rl.cost.host.WORKER`).
+    ``asynchronous`` is how the engine schedules (its scheduler is vLLM's
+    ``AsyncScheduler``); ``None`` for a trace built by hand."""
 
-    def __init__(self, max_steps: int = 1_000_000) -> None:
+    def __init__(self, max_steps: int = 1_000_000, asynchronous: bool | None = None) -> None:
         self.max_steps = max_steps
+        self.asynchronous = asynchronous
         self._offsets = array("q", [0])
         self._widths = array("l")
         self._contexts = array("l")
         self.wall_ms = array("d")
+        # per step, in step order (appended by ``record``)
+        self.schedule_ns = array("q")
+        # per step output, in step order (appended by ``add_host``, one per update)
+        self.update_ns = array("q")
+        self.drafter_ns = array("q")
+        self.scorer_ns = array("q")
         self.dropped = 0
 
-    def record(self, widths: list[int], contexts: list[int]) -> None:
+    def record(self, widths: list[int], contexts: list[int], schedule_ns: int = 0) -> None:
         if len(self) >= self.max_steps:
             self.dropped += 1
             return
         self._widths.extend(widths)
         self._contexts.extend(contexts)
         self._offsets.append(len(self._widths))
+        self.schedule_ns.append(schedule_ns)
 
     def add_wall(self, ms: float) -> None:
         """Wall time of one step's output on this machine (from the previous output, or
         from the first schedule after the engine was idle)."""
         if len(self.wall_ms) < self.max_steps:
             self.wall_ms.append(ms)
+
+    def add_host(self, update_ns: int, drafter_ns: int = 0, scorer_ns: int = 0) -> None:
+        """Host time of one step's output: ``update_from_output``, and the drafter's and
+        the scorer's time since the previous output."""
+        if len(self.update_ns) < self.max_steps:
+            self.update_ns.append(update_ns)
+            self.drafter_ns.append(drafter_ns)
+            self.scorer_ns.append(scorer_ns)
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
@@ -60,71 +91,142 @@ class StepTrace:
             yield self._widths[a:b], self._contexts[a:b]
 
     def clear(self) -> None:
-        self.__init__(self.max_steps)
+        self.__init__(self.max_steps, self.asynchronous)
 
-    def mark(self) -> tuple[int, int]:
+    def mark(self) -> tuple[int, int, int]:
         """A position to slice from later (:meth:`since`)."""
-        return len(self), len(self.wall_ms)
+        return len(self), len(self.wall_ms), len(self.update_ns)
 
-    def since(self, mark: tuple[int, int]) -> "StepTrace":
+    def since(self, mark: tuple[int, ...]) -> "StepTrace":
         """The steps recorded after ``mark``, as a trace of their own."""
-        out = StepTrace(self.max_steps)
-        start = self._offsets[mark[0]]
-        out._offsets = array("q", (o - start for o in self._offsets[mark[0]:]))
+        out = StepTrace(self.max_steps, self.asynchronous)
+        steps, walls = mark[0], mark[1]
+        hosts = mark[2] if len(mark) > 2 else walls
+        start = self._offsets[steps]
+        out._offsets = array("q", (o - start for o in self._offsets[steps:]))
         out._widths = self._widths[start:]
         out._contexts = self._contexts[start:]
-        out.wall_ms = self.wall_ms[mark[1]:]
+        out.wall_ms = self.wall_ms[walls:]
+        out.schedule_ns = self.schedule_ns[steps:]
+        out.update_ns = self.update_ns[hosts:]
+        out.drafter_ns = self.drafter_ns[hosts:]
+        out.scorer_ns = self.scorer_ns[hosts:]
         return out
+
+    def host_ms(self) -> tuple[list[float], list[float]]:
+        """Per step, ``(core, worker)`` host ms as measured: core = schedule + update,
+        worker = drafter + scorer.  A step whose output has not come back yet (the last
+        one or two of an engine still running) counts its schedule only."""
+        n = len(self)
+        core = [ns / 1e6 for ns in self.schedule_ns[:n]]
+        core += [0.0] * (n - len(core))
+        worker = [0.0] * n
+        for i, (u, d, sc) in enumerate(zip(self.update_ns[:n], self.drafter_ns[:n],
+                                           self.scorer_ns[:n])):
+            core[i] += u / 1e6
+            worker[i] = (d + sc) / 1e6
+        return core, worker
 
     def summary(self) -> dict[str, float]:
         n = len(self)
         seqs = len(self._widths)
+        ms = 1e-6
         return {"steps": n, "sequences": seqs, "tokens": int(sum(self._widths)),
                 "mean_batch": seqs / n if n else 0.0,
                 "max_batch": max((self._offsets[i + 1] - self._offsets[i]
-                                  for i in range(n)), default=0)}
+                                  for i in range(n)), default=0),
+                "schedule_ms": sum(self.schedule_ns) * ms, "update_ms": sum(self.update_ns) * ms,
+                "drafter_ms": sum(self.drafter_ns) * ms, "scorer_ms": sum(self.scorer_ns) * ms}
 
-    def project(self, cost: Any):
-        """The same steps priced by ``cost`` (a :class:`vllm_rl.cost.StepCost`)."""
-        from vllm_rl.cost import project
+    def project(self, cost: Any, host_scale: float = 1.0):
+        """The same steps priced by ``cost`` (a :class:`vllm_rl.cost.StepCost` or a
+        :func:`~vllm_rl.cost.load_cost` spec): a :class:`~vllm_rl.cost.Projection` whose
+        ``total_ms`` (``gpu_ms``) is the forward passes only, and ``host_counted_ms`` the
+        same steps with this trace's host times (times ``host_scale``) counted as the
+        engine schedules (:func:`vllm_rl.cost.host.host_counted`; a trace of unknown
+        scheduling counts them as a synchronous engine does)."""
+        from dataclasses import replace
 
-        return project(self.steps(), cost)
+        from vllm_rl.cost import host_counted, project
 
-    def to_dict(self) -> dict[str, list]:
+        gpu = project(self.steps(), cost)
+        core, worker = self.host_ms()
+        asynchronous = bool(self.asynchronous)
+        per_step = host_counted(gpu.per_step_ms, core, worker, asynchronous, host_scale)
+        s = float(host_scale)
+        return replace(gpu, host_counted_ms=math.fsum(per_step),
+                       per_step_host_counted_ms=per_step,
+                       host_core_ms=s * math.fsum(core), host_worker_ms=s * math.fsum(worker),
+                       host_scale=s, asynchronous=self.asynchronous)
+
+    def to_dict(self) -> dict[str, Any]:
         return {"offsets": list(self._offsets), "widths": list(self._widths),
-                "contexts": list(self._contexts), "wall_ms": list(self.wall_ms)}
+                "contexts": list(self._contexts), "wall_ms": list(self.wall_ms),
+                "asynchronous": self.asynchronous, "schedule_ns": list(self.schedule_ns),
+                "update_ns": list(self.update_ns), "drafter_ns": list(self.drafter_ns),
+                "scorer_ns": list(self.scorer_ns)}
 
 
 class TraceMixin:
-    """Records each step the scheduler sends (``schedule``) and its wall time."""
+    """Records each step the scheduler sends (``schedule``), its wall time and its host
+    time.  The timing wraps the scheduler's whole override chain: with the trace on,
+    ``schedule``, ``update_from_output`` and ``update_draft_token_ids`` are shadowed by
+    instance attributes that time the class's own method (the RL scheduler's hooks
+    included, whichever class sits above this one), one ``perf_counter_ns`` pair per
+    call; with the trace off nothing is wrapped."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         extra = getattr(self.vllm_config, "additional_config", None) or {}
-        self.rl_trace: StepTrace | None = StepTrace() if extra.get(CONFIG_KEY) else None
+        self.rl_trace: StepTrace | None = None
         self._trace_t0: float | None = None
+        self._trace_pending_ns = 0     # host time of calls that scheduled nothing
+        if extra.get(CONFIG_KEY):
+            self.rl_trace = StepTrace(asynchronous=isinstance(self, AsyncScheduler))
+            self.schedule = self._traced_schedule
+            self.update_from_output = self._traced_update_from_output
+            if hasattr(self, "update_draft_token_ids"):
+                self.update_draft_token_ids = self._traced_update_draft_token_ids
 
-    def schedule(self, *args, **kwargs):
-        out = super().schedule(*args, **kwargs)
-        trace = self.rl_trace
-        if trace is not None and out.num_scheduled_tokens:
-            widths, contexts = [], []
-            for rid, q in out.num_scheduled_tokens.items():
-                widths.append(q)
-                contexts.append(max(0, self.requests[rid].num_computed_tokens - q))
-            trace.record(widths, contexts)
-            if self._trace_t0 is None:
-                self._trace_t0 = time.perf_counter()
+    def _traced_schedule(self, *args, **kwargs):
+        t0 = perf_counter_ns()
+        out = type(self).schedule(self, *args, **kwargs)
+        dt = perf_counter_ns() - t0
+        if not out.num_scheduled_tokens:
+            self._trace_pending_ns += dt
+            return out
+        widths, contexts = [], []
+        requests = self.requests
+        for rid, q in out.num_scheduled_tokens.items():
+            widths.append(q)
+            contexts.append(max(0, requests[rid].num_computed_tokens - q))
+        self.rl_trace.record(widths, contexts, dt + self._trace_pending_ns)
+        self._trace_pending_ns = 0
+        if self._trace_t0 is None:
+            self._trace_t0 = time.perf_counter()
+            WORKER.reset()          # what another engine's worker left in this process
         return out
 
-    def update_from_output(self, scheduler_output, model_runner_output):
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if self.rl_trace is not None and self._trace_t0 is not None \
-                and scheduler_output.total_num_scheduled_tokens:
+    def _traced_update_from_output(self, scheduler_output, model_runner_output):
+        t0 = perf_counter_ns()
+        outputs = type(self).update_from_output(self, scheduler_output, model_runner_output)
+        t1 = perf_counter_ns()
+        if self._trace_t0 is not None and scheduler_output.total_num_scheduled_tokens:
+            self.rl_trace.add_host(t1 - t0, *WORKER.take())
             now = time.perf_counter()
             self.rl_trace.add_wall((now - self._trace_t0) * 1e3)
             self._trace_t0 = now if self.has_unfinished_requests() else None
+        else:
+            self._trace_pending_ns += t1 - t0
         return outputs
+
+    def _traced_update_draft_token_ids(self, *args, **kwargs):
+        """The drafts of a synchronous engine, handed over after the output: host time
+        of the next step's scheduling."""
+        t0 = perf_counter_ns()
+        out = type(self).update_draft_token_ids(self, *args, **kwargs)
+        self._trace_pending_ns += perf_counter_ns() - t0
+        return out
 
 
 class TracedScheduler(TraceMixin, AsyncScheduler):

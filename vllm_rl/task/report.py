@@ -14,6 +14,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 
+from vllm_rl.task import MODEL_PATH
 from vllm_rl.task.problems import heldout_prompts, reward
 
 MAX_TOKENS = 256   # the task's rollout length limit
@@ -112,7 +113,8 @@ def sample(llm, prompts: list[str], samples: int, max_tokens: int, seed: int = 0
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="model path (default: the embedded model)")
+    ap.add_argument("--model", default=str(MODEL_PATH),
+                    help="model path (default: the embedded model)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)

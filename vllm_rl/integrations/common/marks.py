@@ -10,7 +10,7 @@ subtract and divide by).  The rules, by technique and under the composition rule
 
 * **no flags** (stock): in the loss and the baseline, weight 1;
 * **DARTS** (Alg. 2, Sec. 4.1.2): the group is annotated whole
-  (:func:`vllm_rl.outcome.annotate_group`): early stop selects the M shortest valid,
+  (:func:`vllm_rl.darts.rule.annotate_group`): early stop selects the M shortest valid,
   dual-end the K shortest and L longest valid; the selected M are the training group, in
   the loss and the baseline (Eq. 3 is the mean over the selected), the rest in neither.
   Inside a DARTS group DUET's gate is DARTS's length cap (no eps-keep), so an aborted
@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from vllm_rl.flags import normalize, parse
+from vllm_rl.flags import KEY, RLFlags, read
 from vllm_rl.darts.rule import annotate_group
 from vllm_rl.outcome import Reason, RolloutInfo
 
@@ -55,8 +55,12 @@ class TrainingMark:
         return "stock" if self.keep else Reason.ABORT.value
 
 
-def _flags(raw: Any) -> dict | None:
-    return json.loads(raw) if isinstance(raw, str) else raw
+def _read(raw: Mapping[str, Any] | None, group_id: str | None) -> RLFlags | None:
+    """A sample's flags as the engine read them (:func:`vllm_rl.flags.read`; the
+    ``vllm_rl`` value of its ``extra_args``), its group named by the record."""
+    if not raw:
+        return None
+    return read({KEY: dict(raw)}, default_group_id=group_id)
 
 
 def training_marks(infos: Sequence[RolloutInfo | None],
@@ -65,20 +69,24 @@ def training_marks(infos: Sequence[RolloutInfo | None],
     i's record (None: none came back), ``flags[i]`` the ``vllm_rl`` flags it ran with
     (a dict or its JSON; None: no flags).  DARTS groups are annotated whole, by the
     record's group id."""
-    flags = [_flags(f) for f in flags]
     infos = list(infos)
-    groups: dict[str, list[int]] = {}
+    flags = [json.loads(f) if isinstance(f, str) else f for f in flags]
+    typed: dict[int, RLFlags | None] = {}     # one read per distinct flags object
+    groups: dict[str, tuple[RLFlags, list[int]]] = {}
     for i, (info, f) in enumerate(zip(infos, flags)):
-        if info is not None and f and f.get("darts") is not None and info.group_id:
-            groups.setdefault(info.group_id, []).append(i)
+        if info is None or not f or not info.group_id:
+            continue
+        key = id(f)
+        if key not in typed:
+            typed[key] = _read(f, info.group_id)
+        t = typed[key]
+        if t is not None and t.darts is not None:
+            groups.setdefault(info.group_id, (t, []))[1].append(i)
     in_darts = set()
-    for gid, members in groups.items():
-        raw = dict(flags[members[0]])
-        raw["group"] = {**(raw.get("group") or {}), "id": gid}
-        typed = parse(normalize(raw, n=1))
-        early = typed.darts.early_stop(typed.group)
-        marked = annotate_group([infos[i] for i in members], typed.group.size,
-                                typed.darts.k, early)
+    for gid, (t, members) in groups.items():
+        early = t.darts.early_stop(t.group)
+        marked = annotate_group([infos[i] for i in members], t.group.size,
+                                t.darts.k, early)
         for i, info in zip(members, marked):
             infos[i] = info
             in_darts.add(i)

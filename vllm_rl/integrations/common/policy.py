@@ -26,7 +26,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_rl.flags import normalize
+from vllm_rl.flags import KEY, read
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class StaticPolicy(RolloutPolicy):
             raise ValueError("rollout.engine_kwargs.vllm_rl.flags.das needs the engine's "
                              "drafter: set rollout.engine_kwargs.vllm_rl.das")
         if self.base:
-            normalize({**self.base, "group": {**self.base.get("group", {}), "id": "check"}})
+            read({KEY: {**self.base, "group": {**self.base.get("group", {}), "id": "check"}}})
 
     def flags(self, sample: Sample) -> dict[str, Any] | None:
         if sample.validate or not (self.base or self.das) or not sample.uid:

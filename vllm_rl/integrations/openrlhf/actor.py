@@ -21,6 +21,11 @@ methods: ``generate_responses``, ``generate``, ``get_num_unfinished_requests``,
 * every response dict comes back with its record and flags and with the training marks
   of :mod:`.records` applied (``action_ranges`` emptied for a sample that leaves the loss;
   ``extra_logs`` carrying the weight, which reaches ``Experience.info``);
+* ``update_weight`` / ``update_weight_cuda_ipc``: at the last parameter of a sync
+  (OpenRLHF's ``empty_cache=True``) the weight sync's cache side follows the load
+  (:func:`vllm_rl.weights.weight_sync_async`).  OpenRLHF resets the prefix cache
+  *before* it broadcasts the weights, so a block computed between that reset and the
+  load would otherwise stay cached under the new weights;
 * ``pause_generation`` / ``resume_generation`` / ``reset_prefix_cache`` are OpenRLHF's;
   the DAS trees, the ARRoL head and DUET's online thresholds stay across them and across
   weight syncs.  Added: ``das_stats``, ``das_prebuild``, ``das_clear``, ``arrol_update``,
@@ -174,6 +179,26 @@ class RLRolloutActor(RLStateRPC, _BASE):
         if flags is None:
             return responses
         return attach(responses, [info for _, info in results], flags)
+
+    # -- weight syncs -----------------------------------------------------------------
+    async def update_weight(self, name, dtype, shape, empty_cache=False):
+        out = await super().update_weight(name, dtype, shape, empty_cache)
+        if empty_cache:                 # OpenRLHF's mark of the last parameter of a sync
+            await self._weights_synced()
+        return out
+
+    async def update_weight_cuda_ipc(self, name, dtype, shape, ipc_handles, empty_cache=False):
+        out = await super().update_weight_cuda_ipc(name, dtype, shape, ipc_handles, empty_cache)
+        if empty_cache:
+            await self._weights_synced()
+        return out
+
+    async def _weights_synced(self) -> dict:
+        """After the sync's last load: no request reads KV of the old weights."""
+        from vllm_rl.weights import weight_sync_async
+
+        self.rl_last_sync = await weight_sync_async(self.llm)
+        return self.rl_last_sync
 
     # -- RL state on the workers -----------------------------------------------------
     async def rl_rpc(self, method: str, args: tuple = ()) -> Any:

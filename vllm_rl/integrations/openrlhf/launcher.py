@@ -54,7 +54,7 @@ def patch(settings: dict | None = None, experience: bool = True):
     replaced = RLActorClass(settings)
     vllm_engine.RolloutRayActor = replaced
     if experience:                      # now, or right after train_ppo_ray imports it
-        from vllm_rl.integrations.verl import after_import
+        from vllm_rl.integrations.common.hooks import after_import
 
         after_import(MAKER_MODULE, _wrap_maker)
     return replaced

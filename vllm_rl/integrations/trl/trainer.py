@@ -18,16 +18,39 @@ the advantages, share carried by 1/ε weights) and keeps them in :attr:`diagnost
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 from trl import GRPOTrainer
 
 from vllm_rl.integrations.common.advantages import step_diagnostics
 
 
+class _OutOfBaselineNote(logging.Filter):
+    """TRL warns, with the sample's every keyword, each time all reward functions return
+    ``None`` for a sample; :func:`~vllm_rl.integrations.trl.rollout.masked_reward` does
+    that on purpose for each sample outside its group baseline (``vllm_rl_baseline`` 0).
+    Those warnings are dropped; any other stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not ("All reward functions returned None" in msg
+                    and "'vllm_rl_baseline': 0" in msg)
+
+
+_FILTER = _OutOfBaselineNote()
+
+
 class RLGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose advantages carry the records' loss weights."""
 
     diagnostics: dict[str, float] = {}
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        log = logging.getLogger(GRPOTrainer.__module__)
+        if _FILTER not in log.filters:
+            log.addFilter(_FILTER)
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)

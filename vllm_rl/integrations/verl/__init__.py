@@ -23,11 +23,11 @@ WARNING level, and :func:`check_registered` (run by the replica, the agent loop 
 """
 from __future__ import annotations
 
-import importlib.abc
 import importlib.metadata
 import sys
 from pathlib import Path
-from typing import Callable
+
+from vllm_rl.integrations.common.hooks import after_import
 
 NAME = "vllm_rl"                       # actor_rollout_ref.rollout.name
 AGENT_LOOP = "vllm_rl_agent"           # actor_rollout_ref.rollout.agent.default_agent_loop
@@ -56,47 +56,6 @@ def check_version() -> None:
         raise RuntimeError(f"vllm_rl's verl integration was checked against verl {CHECKED}; "
                            f"found verl {found}. Install verl=={CHECKED[-1]} "
                            f"(bash scripts/install.sh does) or check the integration anew.")
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Run a hook right after a module's body has run (the first time it is imported)."""
-
-    def __init__(self) -> None:
-        self.hooks: dict[str, list[Callable]] = {}
-
-    def find_spec(self, name, path, target=None):
-        if name not in self.hooks:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        hooks, run_body = self.hooks.pop(name), spec.loader.exec_module
-
-        def exec_module(module):
-            run_body(module)
-            for hook in hooks:
-                hook(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-_after = _AfterImport()
-
-
-def after_import(name: str, hook: Callable) -> None:
-    """``hook(module)`` now if ``name`` is imported already, else right after its import."""
-    if name in sys.modules:
-        hook(sys.modules[name])
-        return
-    if _after not in sys.meta_path:
-        sys.meta_path.insert(0, _after)
-    _after.hooks.setdefault(name, []).append(hook)
 
 
 def _register_agent_loop(module) -> None:

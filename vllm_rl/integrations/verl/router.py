@@ -27,30 +27,37 @@ Use it with a YAML file (``rollout.router_config_path``)::
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import OrderedDict
 from typing import Any
 
 from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
 
-from vllm_rl.flags import FlagError, extract
+from vllm_rl.flags import read_or_warn
+
+logger = logging.getLogger(__name__)
 
 ROUTER_CLS = "vllm_rl.integrations.verl.router.RLRouter"
 LOAD_FACTOR = 1.25
 
 
-def route_keys(sampling_params: dict | None) -> tuple[str | None, str | None]:
-    """``(group id, problem key)`` of a sample's flags (``(None, None)`` without flags)."""
-    extra = (sampling_params or {}).get("extra_args")
-    try:
-        raw = extract(extra) if extra else None
-    except FlagError:
-        return None, None                # the server answers bad flags; route as default
-    if not raw:
+def route_keys(sampling_params: dict | None,
+               request_id: str | None = None) -> tuple[str | None, str | None]:
+    """``(group id, problem key)`` of a sample's flags (``(None, None)`` without flags),
+    read with the engine's reader (:func:`vllm_rl.flags.read`); a group the flags leave
+    unnamed is the request's own.  Flags that do not read are logged once for the
+    request, which is routed as one without flags (the server answers it with a 400)."""
+    params = sampling_params or {}
+    extra = params.get("extra_args")
+    if not extra:
         return None, None
-    group = (raw.get("group") or {}).get("id")
-    problem = (raw.get("das") or {}).get("problem_id") or group
-    return (str(group) if group is not None else None,
-            str(problem) if problem is not None else None)
+    rid = str(request_id) if request_id is not None else "unnamed"
+    flags = read_or_warn(extra, rid, logger, n=params.get("n"), default_group_id=rid)
+    if flags is None:
+        return None, None
+    group = flags.group.id if flags.group is not None else None
+    problem = (flags.das.problem_id if flags.das is not None else None) or group
+    return group, problem
 
 
 def rendezvous_order(key: str, servers: list[str]) -> list[str]:
@@ -81,7 +88,7 @@ class RLRouter(GlobalRequestLoadBalancer):
 
     def acquire_server(self, request_id: str, sampling_params: dict | None = None,
                        **_) -> tuple[str, Any]:
-        group, problem = route_keys(sampling_params)
+        group, problem = route_keys(sampling_params, request_id)
         if problem is None:
             return super().acquire_server(request_id)
         server = self._group_server.get(group) if group is not None else None
