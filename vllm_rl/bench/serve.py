@@ -335,7 +335,7 @@ def _annotate_darts(infos, ok: list[Sample], args) -> list:
     """Each group's DARTS training group marked (``selected``, weight 1; others weight 0)
     from the flags it was sent with, as ``vllm_rl.LLM.generate`` does offline."""
     from vllm_rl import rl_params
-    from vllm_rl.flags import extract, normalize, parse
+    from vllm_rl.flags import read
     from vllm_rl.darts.rule import annotate_group
 
     n = args.samples if args.group_as == "n" else 1
@@ -344,8 +344,8 @@ def _annotate_darts(infos, ok: list[Sample], args) -> list:
         by_group.setdefault(s.group, []).append(idx)
     out = list(infos)
     for group, idxs in by_group.items():
-        raw = extract(rl_params(**technique_flags(args, group)))
-        flags = parse(normalize(raw, n=n, default_group_id=infos[idxs[0]].group_id))
+        flags = read(rl_params(**technique_flags(args, group)), n=n,
+                     default_group_id=infos[idxs[0]].group_id)
         marked = annotate_group([infos[i] for i in idxs], flags.group.size, flags.darts.k,
                                 flags.darts.early_stop(flags.group))
         for idx, info in zip(idxs, marked):

@@ -280,8 +280,10 @@ class RLSchedulerMixin(TraceMixin):
         requests holding blocks are always preempted first, as vLLM's own
         ``pause_generation(clear_cache=True)`` does (``reset_running_requests``): their
         blocks are freed, the cache is emptied, and they resume by recomputing their
-        prompt and tokens so far on the new weights.  So the reset always succeeds, and a
-        block cached afterwards was computed afterwards.
+        prompt and tokens so far on the new weights.  So the reset succeeds (vLLM itself
+        raises where a KV-connector transfer is still pending), and a block cached
+        afterwards was computed afterwards.  Any reset counts as a sync, a user's own
+        included: the cost is a recompute and a version step, never old KV.
 
         The sync bumps :attr:`rl_weight_version`; a flagged sample with tokens from
         before it says in its record where the new version began
