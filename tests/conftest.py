@@ -32,11 +32,13 @@ def rl_llm():
     shutdown(llm)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def inproc_llm():
     """``vllm_rl.LLM`` with the engine core in this process
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``llm_engine.step()`` is exactly one engine
-    step, and the scheduler can be read between steps."""
+    step, and the scheduler can be read between steps.  One per module, shut down at its
+    end: the session's other engines stay up through the integration tier, whose Ray
+    clusters need the memory."""
     import os
 
     from vllm_rl import LLM
