@@ -2,6 +2,7 @@
 #include "suffix_tree.h"
 
 #include <algorithm>
+#include <ctime>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -440,15 +441,19 @@ void SuffixTree::repoint(Node* c, const Seq* x, std::vector<Node*>& stack) {
 // ---------------------------------------------------------------------------------------
 // Public updates.
 
-void SuffixTree::extend(SeqId id, const std::vector<Token>& tokens) {
-  std::unique_lock lock(mu_);
+void SuffixTree::extend_unlocked(SeqId id, const Token* tokens, size_t n) {
   Seq* x = find_seq(id);
   if (x && !x->growing)
     throw std::invalid_argument("sequence " + std::to_string(id) + " is finished");
-  if (uint64_t{root_.count} + tokens.size() > UINT32_MAX)
+  if (uint64_t{root_.count} + n > UINT32_MAX)
     throw std::length_error("a suffix tree holds at most 2^32 - 1 tokens");
   if (!x) x = create_seq(id);
-  for (Token t : tokens) append(x, t);
+  for (size_t i = 0; i < n; ++i) append(x, tokens[i]);
+}
+
+void SuffixTree::extend(SeqId id, const std::vector<Token>& tokens) {
+  std::unique_lock lock(mu_);
+  extend_unlocked(id, tokens.data(), tokens.size());
 }
 
 void SuffixTree::insert(SeqId id, const std::vector<Token>& tokens) {
@@ -510,10 +515,10 @@ uint32_t SuffixTree::walk(const Token* pat, uint32_t k, Locus* out) const {
 // context raises lo at no walking cost (any occurrence of at most D tokens is indexed),
 // and the next probe is at least lo + 1.  When the referenced rollout is the one the
 // context follows, the second probe already fails and the search is over.
-uint32_t SuffixTree::longest_suffix(const std::vector<Token>& context, uint32_t cap,
+uint32_t SuffixTree::longest_suffix(const Token* context, size_t n, uint32_t cap,
                                     Locus* out) const {
-  const uint32_t L = static_cast<uint32_t>(std::min<size_t>(context.size(), cap));
-  const Token* back = context.data() + context.size();  // back[-k]: k-th token from the end
+  const uint32_t L = static_cast<uint32_t>(std::min<size_t>(n, cap));
+  const Token* back = context + n;  // back[-k]: k-th token from the end
   uint32_t lo = 0, hi = L + 1;  // suffix of length lo is present, of length hi is not
   Locus at{&root_, 0};          // locus of the lo-suffix when `known`
   bool known = true;
@@ -546,20 +551,20 @@ uint32_t SuffixTree::longest_suffix(const std::vector<Token>& context, uint32_t 
   return lo;
 }
 
-Draft SuffixTree::draft_unlocked(const std::vector<Token>& context, int max_tokens,
-                                 double min_prob, bool backoff) const {
-  if (max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
-  Draft d;
+int SuffixTree::draft_into(const Token* context, size_t n, int max_tokens, double min_prob,
+                           bool backoff, Token* out, double* probs, int* match_len,
+                           int64_t* match_count) const {
+  *match_len = 0;
+  *match_count = 0;
   const uint32_t b = static_cast<uint32_t>(std::min(max_tokens, max_depth_));
-  if (b == 0) return d;
+  if (b == 0) return 0;
   // Condition on at most D - b tokens so that b tokens can follow within the depth.
   const uint32_t cap = static_cast<uint32_t>(std::max(max_depth_ - static_cast<int>(b), 1));
   Locus at;
-  uint32_t m = longest_suffix(context, cap, &at);
-  auto continues = [](const Locus& l) { return l.off < l.node->len || l.node->nchild > 0; };
+  uint32_t m = longest_suffix(context, n, cap, &at);
   if (backoff && m > 0 && !continues(at)) {
     // Every suffix shorter than m is present; find the longest that continues.
-    const Token* back = context.data() + context.size();
+    const Token* back = context + n;
     uint32_t lo = 0, hi = m;
     Locus best{&root_, 0};
     while (hi - lo > 1) {
@@ -576,17 +581,24 @@ Draft SuffixTree::draft_unlocked(const std::vector<Token>& context, int max_toke
     m = lo;
     at = best;
   }
-  d.match_len = static_cast<int>(m);
-  d.match_count = at.node->count;
-  if (m == 0) return d;
-  const size_t budget = std::min<uint32_t>(b, max_depth_ - m);
+  return draft_from(at, m, b, min_prob, out, probs, match_len, match_count);
+}
+
+// The draft from the locus `at` of a context suffix of length m (b = min(max_tokens, D)
+// >= 1): everything after the suffix search of draft_into.
+int SuffixTree::draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, Token* out,
+                           double* probs, int* match_len, int64_t* match_count) const {
+  *match_len = static_cast<int>(m);
+  *match_count = at.node->count;
+  if (m == 0) return 0;
+  const uint32_t budget = std::min<uint32_t>(b, max_depth_ - m);
   const Node* v = at.node;
-  uint32_t off = at.off;
+  uint32_t off = at.off, len = 0;
   double prob = 1.0;
-  while (d.tokens.size() < budget) {
+  while (len < budget) {
     if (off < v->len) {  // inside an edge the continuation is certain
-      d.tokens.push_back(label(v)[off++]);
-      d.probs.push_back(prob);
+      if (probs) probs[len] = prob;
+      out[len++] = label(v)[off++];
       continue;
     }
     if (v->nchild == 0) break;
@@ -600,13 +612,99 @@ Draft SuffixTree::draft_unlocked(const std::vector<Token>& context, int max_toke
     v = best;
     off = 0;
   }
+  return static_cast<int>(len);
+}
+
+// draft_into(context, n, max_tokens, min_prob, backoff = true, ...) for a context whose
+// tail is the tail of the growing sequence `id` (the batched step's rows), without
+// walking from the root.  Returns -1 when it cannot decide; the caller then runs
+// draft_into, so the result is always draft_into's.
+//
+// Why it is the same.  With backoff, draft_into drafts from the locus of the longest
+// suffix of length k <= L = min(n, cap) that *continues* (its locus is inside an edge or
+// at a node with a child), or from the root with m = 0 when none does: longest_suffix
+// finds the longest present suffix m, which is the answer if it continues; otherwise the
+// bisection below m finds it, since continuing is monotone in k (if context[-k:] + t
+// occurs within the depth limit, so does context[-(k-1):] + t).  The locus of a string is
+// unique, so only the length matters.  Now let x be the growing sequence, N = |x|, A =
+// |x.active| = min(N, D - 1), and suppose the last c tokens of the context and of x agree.
+// For 1 <= k <= min(c, A), the context's k-suffix is x[N - k, N), the string s_{N-k} of x
+// (k < D), which ends at the explicit node active[A - k]: its locus, with off == len,
+// and it continues iff that node has a child.  Bisecting k over [1, K], K = min(c, A, L),
+// gives the longest continuing k* <= K.  If k* < K, suffix k* + 1 <= K does not
+// continue, so (monotonicity) no longer one does and k* is the answer.  If k* == K == L
+// it is the answer too.  Only k* == K < L (the rest is not known here) returns -1.
+int SuffixTree::draft_from_active(SeqId id, const Token* context, size_t n, int max_tokens,
+                                  double min_prob, Token* out, double* probs, int* match_len,
+                                  int64_t* match_count) const {
+  const uint32_t b = static_cast<uint32_t>(std::min(max_tokens, max_depth_));
+  if (b == 0) return -1;
+  const uint32_t cap = static_cast<uint32_t>(std::max(max_depth_ - static_cast<int>(b), 1));
+  const uint32_t L = static_cast<uint32_t>(std::min<size_t>(n, cap));
+  const Seq* x = find_seq(id);
+  if (!x || !x->growing || L == 0) return -1;
+  const uint32_t A = static_cast<uint32_t>(x->active.size());
+  const uint32_t N = static_cast<uint32_t>(x->tokens.size());
+  const uint32_t lim = std::min(A, L);
+  // c: agreeing tail tokens, at most lim (A <= N).
+  const Token* cb = context + n;
+  const Token* xb = x->tokens.data() + N;
+  uint32_t K = 0;
+  while (K < lim && cb[-static_cast<ptrdiff_t>(K) - 1] == xb[-static_cast<ptrdiff_t>(K) - 1]) ++K;
+  if (K == 0) return -1;
+  Node* const* act = x->active.data();  // suffix of length k ends at act[A - k]
+  uint32_t lo = 0, hi = K + 1;          // k = lo continues (or lo == 0); k = hi does not
+  if (act[A - K]->nchild > 0) {
+    lo = K;
+  } else {
+    hi = K;
+    while (hi - lo > 1) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      if (act[A - mid]->nchild > 0) lo = mid; else hi = mid;
+    }
+  }
+  if (lo == K && K < L) return -1;
+  const Locus at = lo ? Locus{act[A - lo], act[A - lo]->len} : Locus{&root_, 0};
+  return draft_from(at, lo, b, min_prob, out, probs, match_len, match_count);
+}
+
+bool SuffixTree::draft_from_rollout(SeqId id, const std::vector<Token>& context, int max_tokens,
+                                    double min_prob, Draft* d) const {
+  check_min_prob(min_prob);
+  if (max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
+  std::shared_lock lock(mu_);
+  const size_t keep = std::min<size_t>(context.size(), max_depth_);
+  const size_t room = static_cast<size_t>(std::min(max_tokens, max_depth_));
+  d->tokens.resize(room);
+  d->probs.resize(room);
+  const int len = draft_from_active(id, context.data() + (context.size() - keep), keep,
+                                    max_tokens, min_prob, d->tokens.data(), d->probs.data(),
+                                    &d->match_len, &d->match_count);
+  if (len < 0) return false;
+  d->tokens.resize(len);
+  d->probs.resize(len);
+  return true;
+}
+
+Draft SuffixTree::draft_unlocked(const std::vector<Token>& context, int max_tokens,
+                                 double min_prob, bool backoff) const {
+  if (max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
+  Draft d;
+  const size_t room = static_cast<size_t>(std::min(max_tokens, max_depth_));
+  d.tokens.resize(room);
+  d.probs.resize(room);
+  const int len = draft_into(context.data(), context.size(), max_tokens, min_prob, backoff,
+                             d.tokens.data(), d.probs.data(), &d.match_len, &d.match_count);
+  d.tokens.resize(len);
+  d.probs.resize(len);
   return d;
 }
 
 std::pair<int, int64_t> SuffixTree::match(const std::vector<Token>& context) const {
   std::shared_lock lock(mu_);
   Locus at;
-  const uint32_t m = longest_suffix(context, static_cast<uint32_t>(max_depth_), &at);
+  const uint32_t m =
+      longest_suffix(context.data(), context.size(), static_cast<uint32_t>(max_depth_), &at);
   return {static_cast<int>(m), at.node->count};
 }
 
@@ -660,6 +758,119 @@ std::vector<Draft> draft_many(const std::vector<const SuffixTree*>& trees,
         contexts[i], max_tokens[max_tokens.size() == 1 ? 0 : i], min_prob, backoff));
   }
   return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// One drafter step over many rows (see suffix_tree.h).
+
+namespace {
+
+// CPU time of the calling thread: what the step costs the host, not the wait for a
+// core on a loaded machine.
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+[[noreturn]] void bad_row(size_t i, const std::string& what) {
+  throw std::invalid_argument("row " + std::to_string(i) + ": " + what);
+}
+
+}  // namespace
+
+bool SuffixTree::can_extend(SeqId id) const {
+  std::shared_lock lock(mu_);
+  const Seq* x = find_seq(id);
+  return !x || x->growing;
+}
+
+StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees, const StepRows& r) {
+  // Check everything first, so that bad input changes no tree.
+  if (r.width < 0) throw std::invalid_argument("width must be >= 0");
+  if (r.rows && r.offsets[0] < 0) bad_row(0, "offsets must start at >= 0");
+  for (size_t i = 0; i < r.rows; ++i) {
+    if (r.offsets[i + 1] < r.offsets[i]) bad_row(i, "offsets must not decrease");
+    const int32_t t = r.tree[i];
+    if (t < 0) continue;
+    if (static_cast<size_t>(t) >= num_trees || !trees[t])
+      bad_row(i, "tree index " + std::to_string(t) + " names no tree");
+    if (r.feed && (r.feed[i] < 0 || r.feed[i] > r.offsets[i + 1] - r.offsets[i]))
+      bad_row(i, "feed must be in [0, the row's new tokens]");
+    if (r.context_len[i] < 0 || r.context_len[i] > r.columns)
+      bad_row(i, "context length must be in [0, the context array's columns]");
+    if (r.max_tokens[i] < 0) bad_row(i, "max_tokens must be >= 0");
+    if (r.max_tokens[i] > 0) {
+      if (!(r.min_prob[i] >= 0.0 && r.min_prob[i] <= 1.0))
+        bad_row(i, "min_prob must be in [0, 1]");
+      if (std::min(r.max_tokens[i], trees[t]->max_depth()) > r.width)
+        bad_row(i, "the draft does not fit the output width");
+    }
+  }
+  StepTimes times;
+  const int64_t t0 = now_ns();
+  // 1. Feed, tree by tree (rows sorted by tree index, stably): one lock per tree.  The
+  // order does not change the result: a tree is a function of its sequences.
+  std::vector<uint32_t> order;
+  order.reserve(r.rows);
+  for (size_t i = 0; i < r.rows; ++i) {
+    if (r.tree[i] < 0) continue;
+    if ((r.feed ? r.feed[i] : r.offsets[i + 1] - r.offsets[i]) > 0)
+      order.push_back(static_cast<uint32_t>(i));
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return r.tree[a] < r.tree[b]; });
+  {
+    std::unique_lock<std::shared_mutex> lock;
+    const SuffixTree* held = nullptr;
+    for (const uint32_t i : order) {
+      SuffixTree* t = trees[r.tree[i]];
+      if (t != held) {
+        lock = std::unique_lock<std::shared_mutex>(t->mu_);
+        held = t;
+      }
+      const int64_t n = r.feed ? r.feed[i] : r.offsets[i + 1] - r.offsets[i];
+      try {
+        t->extend_unlocked(r.seq[i], r.tokens + r.offsets[i], static_cast<size_t>(n));
+      } catch (const std::invalid_argument& err) {
+        bad_row(i, err.what());
+      }
+    }
+  }
+  const int64_t t1 = now_ns();
+  times.feed_ns = t1 - t0;
+  // 2. Draft, from the trees as fed.
+  {
+    std::shared_lock<std::shared_mutex> lock;
+    const SuffixTree* held = nullptr;
+    for (size_t i = 0; i < r.rows; ++i) {
+      r.out_len[i] = 0;
+      if (r.tree[i] < 0 || r.max_tokens[i] == 0 || r.context_len[i] == 0) continue;
+      const SuffixTree* t = trees[r.tree[i]];
+      if (t != held) {
+        lock = std::shared_lock<std::shared_mutex>(t->mu_);
+        held = t;
+      }
+      int match_len;
+      int64_t match_count;
+      const size_t n = static_cast<size_t>(r.context_len[i]);
+      const size_t keep = std::min<size_t>(n, t->max_depth());
+      const Token* ctx = r.context + static_cast<int64_t>(i) * r.stride + (n - keep);
+      Token* out = r.out + static_cast<int64_t>(i) * r.width;
+      // The row's context ends with its own growing rollout, whose active list holds the
+      // locus of every short suffix: no walks from the root (same result, see above).
+      int len = r.backoff ? t->draft_from_active(r.seq[i], ctx, keep, r.max_tokens[i],
+                                                 r.min_prob[i], out, nullptr, &match_len,
+                                                 &match_count)
+                          : -1;
+      if (len < 0)
+        len = t->draft_into(ctx, keep, r.max_tokens[i], r.min_prob[i], r.backoff, out, nullptr,
+                            &match_len, &match_count);
+      r.out_len[i] = len;
+    }
+  }
+  times.draft_ns = now_ns() - t1;
+  return times;
 }
 
 int64_t SuffixTree::num_nodes() const {

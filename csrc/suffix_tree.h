@@ -76,6 +76,34 @@ struct Draft {
   int64_t match_count = 0;    // occurrences of that suffix (all tokens if match_len == 0)
 };
 
+class SuffixTree;
+
+// One decode step of many rows for feed_and_draft (below): plain arrays, row-major, one
+// entry per row unless stated.  A row whose tree index is negative is skipped.
+struct StepRows {
+  size_t rows = 0;
+  const int32_t* tree = nullptr;       // index into the tree list; < 0: no tree
+  const int64_t* seq = nullptr;        // the row's growing sequence id in its tree
+  const Token* tokens = nullptr;       // new tokens, all rows back to back
+  const int64_t* offsets = nullptr;    // rows + 1 entries: row i's are [offsets[i], offsets[i+1])
+  const int32_t* feed = nullptr;       // how many of them to append (nullptr: all)
+  const Token* context = nullptr;      // row i's context is context[i * stride, + context_len[i])
+  int64_t stride = 0;                  // tokens between rows of `context`
+  int64_t columns = 0;                 // a context holds at most this many tokens
+  const int32_t* context_len = nullptr;
+  const int32_t* max_tokens = nullptr; // draft budget (0: feed only)
+  const double* min_prob = nullptr;    // cumulative-probability cutoff per row
+  bool backoff = true;
+  Token* out = nullptr;                // row i's draft: out[i * width, + out_len[i])
+  int32_t width = 0;
+  int32_t* out_len = nullptr;
+};
+
+struct StepTimes {  // CPU time of the calling thread in each phase
+  int64_t feed_ns = 0;
+  int64_t draft_ns = 0;
+};
+
 class SuffixTree {
  public:
   static constexpr int kMaxDepthLimit = 65535;
@@ -99,11 +127,20 @@ class SuffixTree {
   // shorter suffix that has one (bisection: having a continuation is monotone in length).
   Draft draft(const std::vector<Token>& context, int max_tokens, double min_prob,
               bool backoff = false) const;
+  // draft(context, max_tokens, min_prob, backoff = true) the way feed_and_draft computes
+  // it for a row of the growing sequence `id` (from its active list, no walks).  Writes
+  // *d and returns true, or returns false where that path falls back to draft() (the
+  // context does not end like the sequence for long enough, or it is not growing).
+  // For tests: with true, *d equals draft()'s result in every field.
+  bool draft_from_rollout(SeqId id, const std::vector<Token>& context, int max_tokens,
+                          double min_prob, Draft* d) const;
   // max_tokens: one budget per context, or a single budget for all.
   std::vector<Draft> draft_batch(const std::vector<std::vector<Token>>& contexts,
                                  const std::vector<int>& max_tokens, double min_prob) const;
 
   int max_depth() const { return max_depth_; }
+  // The sequence id a batch row may extend: unknown (created on append) or growing.
+  bool can_extend(SeqId id) const;
   int64_t num_nodes() const;  // explicit nodes, root included (an empty tree has 1)
   int64_t num_tokens() const;
   int64_t num_sequences() const;
@@ -168,9 +205,25 @@ class SuffixTree {
   void remove_strings(Seq* x);
   void repoint(Node* c, const Seq* x, std::vector<Node*>& stack);
 
-  // Queries.
+  void extend_unlocked(SeqId id, const Token* tokens, size_t n);
+
+  // Queries.  A context is a pointer to its tokens and their number; only the last
+  // max_depth are read.
   uint32_t walk(const Token* pat, uint32_t k, Locus* out) const;
-  uint32_t longest_suffix(const std::vector<Token>& context, uint32_t cap, Locus* out) const;
+  uint32_t longest_suffix(const Token* context, size_t n, uint32_t cap, Locus* out) const;
+  // Writes the draft to out[0, len) (and its cumulative probabilities to probs unless
+  // null); out must hold min(max_tokens, max_depth) tokens.  Returns len.
+  int draft_into(const Token* context, size_t n, int max_tokens, double min_prob, bool backoff,
+                 Token* out, double* probs, int* match_len, int64_t* match_count) const;
+  // The rest of draft_into from the locus of its suffix of length m; b >= 1.
+  int draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, Token* out, double* probs,
+                 int* match_len, int64_t* match_count) const;
+  // draft_into with backoff for a context that ends like the growing sequence `id`, from
+  // that sequence's active list; -1 when undecided there (then call draft_into).
+  int draft_from_active(SeqId id, const Token* context, size_t n, int max_tokens,
+                        double min_prob, Token* out, double* probs, int* match_len,
+                        int64_t* match_count) const;
+  static bool continues(const Locus& l) { return l.off < l.node->len || l.node->nchild > 0; }
   Draft draft_unlocked(const std::vector<Token>& context, int max_tokens, double min_prob,
                        bool backoff = false) const;
 
@@ -192,6 +245,8 @@ class SuffixTree {
   friend std::vector<Draft> draft_many(const std::vector<const SuffixTree*>&,
                                        const std::vector<std::vector<Token>>&,
                                        const std::vector<int>&, double, bool);
+  friend StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees,
+                                  const StepRows& rows);
 
   const int max_depth_;
   Node root_;
@@ -208,5 +263,21 @@ std::vector<Draft> draft_many(const std::vector<const SuffixTree*>& trees,
                               const std::vector<std::vector<Token>>& contexts,
                               const std::vector<int>& max_tokens, double min_prob,
                               bool backoff = false);
+
+// One decode step of a DAS drafter over many rows, each with its tree (DAS Sec. 4.1.2:
+// the per-problem trees are updated online and drafted from at every step):
+//   1. feed: every row with a tree appends its new tokens to its growing sequence
+//      (rows[i].seq, created if new), under its tree's exclusive lock;
+//   2. draft: then every row with a tree and max_tokens > 0 drafts from its context,
+//      under its tree's shared lock, with SuffixTree::draft's semantics (per-row
+//      budget and min_prob, `backoff` for all).
+// Every draft sees every row's feed, so the result equals extend() for all rows followed
+// by draft() for each.  With backoff, a row whose context ends like its growing sequence
+// finds its suffix from that sequence's active list (draft_from_active: no walks from
+// the root, same result), falling back to the walk where that list cannot decide.  Consecutive rows of one tree share one lock acquisition.  The
+// arrays are checked first (std::invalid_argument naming the row); a row whose sequence
+// is finished raises std::invalid_argument when reached, after the rows before it were
+// fed.  No Python: the caller may run it without the GIL.
+StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees, const StepRows& rows);
 
 }  // namespace vllm_rl

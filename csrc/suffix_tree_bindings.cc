@@ -2,10 +2,13 @@
 // converts its arguments with the GIL held, then releases the GIL for the C++ part
 // (py::call_guard, or a py::gil_scoped_release scope where a context is converted first);
 // results are converted back after the GIL is taken again.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +62,123 @@ std::vector<std::vector<Token>> tokens_of(std::vector<Draft>&& drafts) {
   for (Draft& d : drafts) out.push_back(std::move(d.tokens));
   return out;
 }
+
+
+// ---------------------------------------------------------------------------------------
+// The batched drafter step (feed_and_draft): arrays in, arrays out, no Python per row.
+
+// Trees by a small integer index, so that a step names each row's tree in an int32 array
+// instead of a list of tree objects.  The table holds a reference to each tree; a batch
+// holds the table's lock (shared) while it runs without the GIL, and add/remove take it
+// exclusively, so a tree cannot be dropped from under a running batch.
+class TreeTable {
+ public:
+  int32_t add(py::object tree) {
+    SuffixTree* ptr = py::cast<SuffixTree*>(tree);
+    int32_t idx;
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock lock(mu_);
+      if (free_.empty()) {
+        idx = static_cast<int32_t>(ptrs_.size());
+        ptrs_.push_back(ptr);
+        objs_.emplace_back();
+      } else {
+        idx = free_.back();
+        free_.pop_back();
+        ptrs_[idx] = ptr;
+      }
+      objs_[idx] = std::move(tree);  // moves a pointer: no reference count touched
+    }
+    return idx;
+  }
+
+  void remove(int32_t idx) {
+    py::object old;  // released after the lock, with the GIL
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock lock(mu_);
+      if (idx < 0 || static_cast<size_t>(idx) >= ptrs_.size() || !ptrs_[idx])
+        throw std::out_of_range("no tree at index " + std::to_string(idx));
+      ptrs_[idx] = nullptr;
+      old = std::move(objs_[idx]);
+      free_.push_back(idx);
+    }
+  }
+
+  py::object get(int32_t idx) const {
+    std::shared_lock lock(mu_);
+    if (idx < 0 || static_cast<size_t>(idx) >= ptrs_.size() || !ptrs_[idx])
+      throw std::out_of_range("no tree at index " + std::to_string(idx));
+    return objs_[idx];
+  }
+
+  size_t size() const {
+    std::shared_lock lock(mu_);
+    return ptrs_.size() - free_.size();
+  }
+
+  std::shared_mutex& mutex() const { return mu_; }
+  SuffixTree* const* data() const { return ptrs_.data(); }
+  size_t slots() const { return ptrs_.size(); }
+
+ private:
+  std::vector<SuffixTree*> ptrs_;
+  std::vector<py::object> objs_;
+  std::vector<int32_t> free_;
+  mutable std::shared_mutex mu_;
+};
+
+// A typed view of a numpy array: exact dtype, C-contiguous, the given shape (-1: any).
+template <class T>
+const T* array_of(const py::handle& obj, const char* name, py::ssize_t len,
+                  py::array* keep, py::ssize_t cols = -2) {
+  if (!py::isinstance<py::array>(obj))
+    throw py::type_error(std::string(name) + " must be a numpy array of " +
+                         std::string(py::str(py::dtype::of<T>())));
+  py::array a = py::reinterpret_borrow<py::array>(obj);
+  if (!a.dtype().is(py::dtype::of<T>()) && !a.dtype().equal(py::dtype::of<T>()))
+    throw py::type_error(std::string(name) + " must have dtype " +
+                         std::string(py::str(py::dtype::of<T>())) + ", got " +
+                         std::string(py::str(a.dtype())));
+  const py::ssize_t ndim = cols == -2 ? 1 : 2;
+  if (a.ndim() != ndim)
+    throw py::value_error(std::string(name) + " must have " + std::to_string(ndim) +
+                          " dimension(s)");
+  if (len >= 0 && a.shape(0) < len)
+    throw py::value_error(std::string(name) + " has " + std::to_string(a.shape(0)) +
+                          " rows, needs " + std::to_string(len));
+  if (len >= 0 && ndim == 1 && a.shape(0) != len)
+    throw py::value_error(std::string(name) + " must have " + std::to_string(len) +
+                          " entries, got " + std::to_string(a.shape(0)));
+  const py::ssize_t item = static_cast<py::ssize_t>(sizeof(T));
+  if (a.size() && ((a.shape(ndim - 1) > 1 && a.strides(ndim - 1) != item) ||
+                   (ndim == 2 && a.strides(0) % item != 0)))
+    throw py::value_error(std::string(name) + " must be contiguous along its last axis");
+  *keep = a;
+  return static_cast<const T*>(a.data());
+}
+
+constexpr const char* kFeedAndDraftDoc = R"doc(
+One DAS drafter step for many rows in one call without the GIL (DAS Sec. 4.1.2: the
+per-problem trees grow online and are drafted from at every step).
+
+Row ``i`` belongs to ``trees[tree_idx[i]]`` (``trees``: a ``TreeTable`` or a list of
+trees; a negative index skips the row).  First every row appends its new tokens,
+``tokens[offsets[i]:offsets[i + 1]]`` (only the first ``feed[i]`` of them if ``feed`` is
+given), to its growing sequence ``seq_ids[i]``; then every row with ``max_tokens[i] >
+0`` drafts, as ``SuffixTree.draft(context, max_tokens[i], min_prob[i], backoff)`` would,
+from the context ``contexts[i, :context_len[i]]``.  Each draft sees every row's feed.
+
+Arrays (numpy, exact dtypes): ``tree_idx``, ``feed``, ``context_len``, ``max_tokens``
+int32; ``seq_ids``, ``offsets`` (rows + 1 entries) int64; ``tokens`` int32;
+``contexts`` int32, two dimensions, at least ``rows`` rows; ``min_prob`` float64.
+Returns ``(drafts, lengths, feed_ns, draft_ns)``: the drafts as an int32 array of
+``rows x width`` (``width``: the largest budget, within the trees' depth), row ``i``'s
+draft is ``drafts[i, :lengths[i]]``; the CPU time of the two phases (this thread's).  Bad arrays raise
+``TypeError`` (dtype) or ``ValueError`` (shape, values: the row is named) before any
+tree changes.
+)doc";
 
 constexpr const char* kTreeDoc = R"doc(
 Depth-bounded suffix tree over token-id sequences with occurrence counts: the drafter
@@ -144,6 +264,23 @@ void bind_suffix_tree(py::module_& m) {
           py::arg("backoff") = false,
           "Like ``draft``, returning a ``Draft`` (tokens, probs, match_len, match_count).")
       .def(
+          "_draft_info_from_rollout",
+          [](const SuffixTree& t, SeqId seq_id, const py::sequence& context, int max_tokens,
+             double min_prob) -> py::object {
+            std::vector<Token> ctx = tail_of(context, t.max_depth());
+            Draft d;
+            bool ok;
+            {
+              py::gil_scoped_release nogil;
+              ok = t.draft_from_rollout(seq_id, ctx, max_tokens, min_prob, &d);
+            }
+            return ok ? py::cast(std::move(d)) : py::none();
+          },
+          py::arg("seq_id"), py::arg("context"), py::arg("max_tokens"), py::arg("min_prob"),
+          "For tests: ``draft_info(context, max_tokens, min_prob, backoff=True)`` computed as "
+          "``feed_and_draft`` does for a row of the growing sequence ``seq_id`` (from its "
+          "append state), or None where that path falls back to the walk from the root.")
+      .def(
           "draft_batch",
           [](const SuffixTree& t, const py::sequence& contexts, int max_tokens, double min_prob) {
             Contexts ctxs = tails_of(contexts, {static_cast<size_t>(t.max_depth())});
@@ -204,6 +341,109 @@ void bind_suffix_tree(py::module_& m) {
       "Draft for contexts[i] from trees[i] (e.g. per-problem trees) under one GIL release.");
   m.def("draft_many", many, py::arg("trees"), py::arg("contexts"), py::arg("max_tokens"),
         py::arg("min_prob") = 0.1, py::arg("backoff") = false);
+
+  py::class_<TreeTable>(m, "TreeTable",
+                        "Trees by int index for ``feed_and_draft``: holds a reference to "
+                        "each; an index is reused after ``remove``.")
+      .def(py::init<>())
+      .def("add", &TreeTable::add, py::arg("tree"), "Register a tree; returns its index.")
+      .def("remove", &TreeTable::remove, py::arg("index"),
+           "Drop a tree (waits for a running batch that may use it).")
+      .def("__getitem__", &TreeTable::get, py::arg("index"))
+      .def("__len__", &TreeTable::size);
+
+  m.def(
+      "feed_and_draft",
+      [](py::object trees, py::object tree_idx, py::object seq_ids, py::object tokens,
+         py::object offsets, py::object feed, py::object contexts, py::object context_len,
+         py::object max_tokens, py::object min_prob, bool backoff) {
+        StepRows r;
+        py::array keep[10];
+        r.tree = array_of<int32_t>(tree_idx, "tree_idx", -1, &keep[0]);
+        const py::ssize_t n = keep[0].shape(0);
+        r.rows = static_cast<size_t>(n);
+        r.seq = array_of<int64_t>(seq_ids, "seq_ids", n, &keep[1]);
+        r.offsets = array_of<int64_t>(offsets, "offsets", n + 1, &keep[2]);
+        r.tokens = array_of<int32_t>(tokens, "tokens", -1, &keep[3]);
+        if (n && r.offsets[n] > keep[3].shape(0))
+          throw py::value_error("offsets run past the end of tokens");
+        if (!feed.is_none()) r.feed = array_of<int32_t>(feed, "feed", n, &keep[4]);
+        r.context = array_of<int32_t>(contexts, "contexts", n, &keep[5], -1);
+        r.stride = keep[5].strides(0) / static_cast<py::ssize_t>(sizeof(int32_t));
+        r.columns = keep[5].shape(1);
+        r.context_len = array_of<int32_t>(context_len, "context_len", n, &keep[6]);
+        r.max_tokens = array_of<int32_t>(max_tokens, "max_tokens", n, &keep[7]);
+        r.min_prob = array_of<double>(min_prob, "min_prob", n, &keep[8]);
+        r.backoff = backoff;
+        // The trees: a table (its lock is held while the batch runs) or a list.
+        TreeTable* table = nullptr;
+        std::vector<py::object> held;
+        std::vector<SuffixTree*> listed;
+        if (py::isinstance<TreeTable>(trees)) {
+          table = py::cast<TreeTable*>(trees);
+        } else {
+          for (py::handle t : py::reinterpret_borrow<py::iterable>(trees)) {
+            held.push_back(py::reinterpret_borrow<py::object>(t));
+            listed.push_back(t.is_none() ? nullptr : py::cast<SuffixTree*>(t));
+          }
+        }
+        int32_t width = 0;
+        for (py::ssize_t i = 0; i < n; ++i) width = std::max(width, r.max_tokens[i]);
+        width = std::min(width, static_cast<int32_t>(SuffixTree::kMaxDepthLimit));
+        StepTimes times;
+        py::array_t<int32_t> out;
+        py::array_t<int32_t> lens(n);
+        {
+          std::shared_lock<std::shared_mutex> lock;
+          if (table) {
+            py::gil_scoped_release nogil;
+            lock = std::shared_lock<std::shared_mutex>(table->mutex());
+          }
+          SuffixTree* const* ptrs = table ? table->data() : listed.data();
+          const size_t count = table ? table->slots() : listed.size();
+          int32_t depth = 0;  // the output never needs more than the deepest tree used
+          for (py::ssize_t i = 0; i < n; ++i)
+            if (r.tree[i] >= 0 && static_cast<size_t>(r.tree[i]) < count && ptrs[r.tree[i]])
+              depth = std::max(depth, ptrs[r.tree[i]]->max_depth());
+          width = std::min(width, depth);
+          out = py::array_t<int32_t>({n, static_cast<py::ssize_t>(width)});
+          r.out = out.mutable_data();
+          r.width = width;
+          r.out_len = lens.mutable_data();
+          py::gil_scoped_release nogil;
+          times = feed_and_draft(ptrs, count, r);
+        }
+        return py::make_tuple(out, lens, times.feed_ns, times.draft_ns);
+      },
+      py::arg("trees"), py::arg("tree_idx"), py::arg("seq_ids"), py::arg("tokens"),
+      py::arg("offsets"), py::arg("feed"), py::arg("contexts"), py::arg("context_len"),
+      py::arg("max_tokens"), py::arg("min_prob"), py::arg("backoff") = true, kFeedAndDraftDoc);
+
+  m.def(
+      "draft_lists",
+      [](py::object drafts, py::object lengths) {
+        py::array keep[2];
+        const int32_t* len = array_of<int32_t>(lengths, "lengths", -1, &keep[1]);
+        const py::ssize_t n = keep[1].shape(0);
+        const int32_t* tok = array_of<int32_t>(drafts, "drafts", n, &keep[0], -1);
+        const py::ssize_t width = keep[0].shape(1);
+        const py::ssize_t stride = keep[0].strides(0) / static_cast<py::ssize_t>(sizeof(int32_t));
+        py::list out(n);
+        for (py::ssize_t i = 0; i < n; ++i) {
+          if (len[i] < 0 || len[i] > width)
+            throw py::value_error("lengths[" + std::to_string(i) + "] must be in [0, " +
+                                  std::to_string(width) + "]");
+          PyObject* row = PyList_New(len[i]);
+          if (!row) throw py::error_already_set();
+          for (int32_t j = 0; j < len[i]; ++j)
+            PyList_SET_ITEM(row, j, PyLong_FromLong(tok[i * stride + j]));
+          PyList_SET_ITEM(out.ptr(), i, row);
+        }
+        return out;
+      },
+      py::arg("drafts"), py::arg("lengths"),
+      "The drafts of ``feed_and_draft`` as vLLM's ``list[list[int]]``: row ``i`` is "
+      "``drafts[i, :lengths[i]]``.");
 }
 
 }  // namespace vllm_rl

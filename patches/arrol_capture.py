@@ -12,6 +12,15 @@ runner's scorer (``runner.vllm_rl_arrol``, set only on ARRoL engines) attach its
 verdicts to the step's ``ModelRunnerOutput``; it changes nothing else, and on engines
 without ARRoL it costs one attribute lookup.
 
+Sync points: the scorer adds no host–device synchronisation to the step.  Its results
+come to the host by non-blocking copies started in ``plan`` (before vLLM's body) and are
+read only where vLLM itself has waited for the device in that step: after the body with
+synchronous output (``_bookkeeping_sync`` → ``GPUModelRunner._to_list``, which records an
+event after them on the same stream and synchronises it), and inside the output's
+``get_output`` with async output (``AsyncGPUModelRunnerOutput`` records its copy event on
+a stream that first waits for the compute stream; ``get_output`` synchronises it).
+:func:`check` fails if either wait is gone.
+
 Runner: this is vLLM's **V1** runner.  Model Runner V2 (``vllm/v1/worker/gpu/``) keeps
 hidden states elsewhere and is not patched: an ARRoL engine selects V1
 (``VLLM_USE_V2_MODEL_RUNNER=0``, set by ``vllm_rl.LLM(arrol=...)``) and its scheduler
@@ -58,6 +67,21 @@ def check(source=None) -> None:
             and isinstance(n.ctx, ast.Load)]
     if not cleared or not read or min(n.lineno for n in read) > cleared[0].lineno:
         raise PatchMismatch(f"{TARGET} no longer consumes execute_model_state {where}")
+    # the scorer reads its non-blocking copies after these waits (vllm_rl.arrol.scorer)
+    from vllm_rl.compat.source import SourceMissing, calls
+
+    try:
+        to_list = src.method(_MODULE, "GPUModelRunner", "_to_list").node
+        get = src.method(_MODULE, "AsyncGPUModelRunnerOutput", "get_output").node
+        init = src.method(_MODULE, "AsyncGPUModelRunnerOutput", "__init__").node
+    except SourceMissing as e:
+        raise PatchMismatch(f"{e} is gone: the scorer's sync points cannot be told {where}")
+    if not calls(to_list, "synchronize") or not calls(get, "synchronize",
+                                                       "self.async_copy_ready_event") \
+            or not calls(init, "wait_stream"):
+        raise PatchMismatch(f"vLLM no longer waits for the device in _to_list / "
+                            f"AsyncGPUModelRunnerOutput.get_output: the ARRoL scorer's "
+                            f"copies would be read unfinished {where}")
     cpu = "vllm.v1.worker.cpu_model_runner"
     if not src.is_subclass(cpu, "CPUModelRunner", _MODULE, "GPUModelRunner"):
         raise PatchMismatch(f"CPUModelRunner no longer subclasses GPUModelRunner {where}")

@@ -5,7 +5,11 @@
   returns the head's version, shape, calibration and counts; ``POST /vllm_rl/das/prebuild``
   fills a problem's DAS tree with past rollouts (token ids, or texts the server
   tokenizes), ``POST /vllm_rl/das/clear`` drops one tree or all, ``GET /vllm_rl/das/stats``
-  and ``GET /vllm_rl/das/phase`` report (``vllm_rl.LLM.das_*``).
+  and ``GET /vllm_rl/das/phase`` report (``vllm_rl.LLM.das_*``); ``POST
+  /vllm_rl/arrol/hidden`` with ``{"request_ids": [...]}`` (the records' ``hidden_id``)
+  takes the hidden states at ``l_detect`` the workers kept (``arrol.return_hidden``):
+  ``{"hidden": {id: base64 of float32 little-endian}}``, ids not kept absent
+  (:func:`vllm_rl.outcome.decode_hidden`).  Off the per-step path: only on request.
 - ``POST /vllm_rl/reload_weights`` reloads the model's weights in place from disk (the
   served checkpoint, or ``{"path": ...}``: a local folder, same architecture) through the
   worker's own ``reload_weights``, then the weight sync's cache side
@@ -70,8 +74,8 @@ def _route(method: Method, read_body, error):
     """The HTTP handler of one RPC: body keys checked, texts tokenized (``das_prebuild``),
     arguments prepared and checked as on every other path, and against the served
     engine's config (:meth:`vllm_rl.rpc.Method.engine_call_args`: a bad ARRoL update is a
-    400 here, with no worker traceback), ``collective_rpc``, rank 0's result (under
-    ``method.result_key``)."""
+    400 here, with no worker traceback), ``collective_rpc``, rank 0's result (as JSON:
+    ``method.to_json``; under ``method.result_key``)."""
     from fastapi import Request
 
     async def handler(raw: Request):
@@ -94,9 +98,11 @@ def _route(method: Method, read_body, error):
         except Exception as e:        # bad ids, a bad head or calibration, no head
             return error(400, f"{method.name}: {e}")
         try:
-            result = (await client.collective_rpc(method.name, args=args))[0]
+            result = method.result(await client.collective_rpc(method.name, args=args))
         except Exception as e:        # no drafter on this engine, a head file gone since
             return error(400, f"{method.name}: {e}")
+        if method.to_json is not None:
+            result = method.to_json(result)
         if method.result_key is None:
             return result
         out = {method.result_key: result}

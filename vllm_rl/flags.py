@@ -174,7 +174,9 @@ class DuetFlags:
     """DUET's marker-gated abort with eps-keep (Sec. 3.2, Eq. 5; Alg. A.10 l.15-31).
 
     From ``k1`` on, every ``poll`` tokens, the marker detector (``marker`` kind, or the
-    user ``pattern``, an RE2 regex) reads the decoded last 256 tokens.  A fired marker
+    user ``pattern``, an RE2 regex) reads the sample's output: the built-in markers the
+    bytes of the tokens since the last poll, a pattern the last 256 tokens' bytes
+    (:mod:`vllm_rl.duet.markers`).  A fired marker
     ends the sample at most ``grace`` (G) tokens later; a sample reaching ``k2 + grace``
     with no marker is aborted with probability ``1 - eps`` or kept to its end with weight
     ``1/eps``.  ``k1``/``k2`` left out: the engine's online estimate (App. A.3).

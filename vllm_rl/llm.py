@@ -5,22 +5,22 @@ vLLM's arguments from one :class:`~vllm_rl.settings.EngineSettings`: the RL sche
 DAS drafter (vLLM's ``custom_class`` speculative method), ARRoL's head, the worker
 extension.  The model is the caller's, as with ``vllm.LLM`` (the embedded demo model is
 :data:`vllm_rl.task.MODEL_PATH`).  Everything else is vLLM's own, with vLLM's defaults.
-:class:`LLM`'s RPC methods (``das_*``, ``arrol_*``) come from the one table in
-:mod:`vllm_rl.rpc`.
+:class:`LLM`'s RPC methods (``das_*``, ``arrol_*``) are the ones described in the one
+table of :mod:`vllm_rl.rpc`, checked by it before ``collective_rpc``.
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import vllm
 from vllm import SamplingParams
 
 from vllm_rl.flags import read_or_warn
 from vllm_rl.darts.rule import annotate_group
-from vllm_rl.outcome import RolloutInfo
-from vllm_rl.rpc import bind_sync
+from vllm_rl.outcome import RolloutInfo, hidden_ids, with_hidden
+from vllm_rl.rpc import BY_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +71,17 @@ class LLM(vllm.LLM):
             super().__init__(**_defaults(kwargs))
 
     def generate(self, prompts, sampling_params=None, **kwargs):
+        """``vllm.LLM.generate``, each completion with its ``rollout_info``: each group's
+        training-group marks filled in, and the hidden states the records name
+        (``arrol.return_hidden``: ``RolloutInfo.hidden_state()``) taken from the workers
+        in one :meth:`arrol_hidden` call."""
         outputs = super().generate(prompts, sampling_params, **kwargs)
         n_prompts = len(outputs)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * n_prompts
         else:
             params = list(sampling_params)
-        attach_rollout_info(outputs, params)
+        attach_rollout_info(outputs, params, fetch_hidden=self.arrol_hidden)
         return outputs
 
     # -- weights (an RL step's new policy) ---------------------------------------
@@ -87,12 +91,62 @@ class LLM(vllm.LLM):
 
         load_weights(self, weights)
 
+    # -- the RL state on the workers (the RPC table, vllm_rl.rpc.METHODS) ----------
+    def _call(self, method: str, *args: Any) -> Any:
+        """``collective_rpc`` of one table method, its arguments checked (and against
+        this engine's config) before any worker sees them; rank 0's result."""
+        m = BY_NAME[method]
+        config = getattr(getattr(self, "llm_engine", None), "vllm_config", None)
+        return m.result(self.collective_rpc(m.name, args=m.engine_call_args(config, *args)))
 
-bind_sync(LLM)          # das_prebuild, das_clear, das_stats, das_phase, arrol_update, arrol_info
+    def das_prebuild(self, problem_id: str, rollouts: Sequence[Sequence[int]],
+                     prompt_token_ids: Sequence[int] | None = None) -> int:
+        """Fill a problem's DAS tree with past rollouts (output token ids); returns how
+        many were added."""
+        return self._call("das_prebuild", problem_id, rollouts, prompt_token_ids)
+
+    def das_clear(self, problem_id: str | None = None) -> int:
+        """Drop one problem's DAS tree, or every tree (``None``); returns how many were
+        dropped."""
+        return self._call("das_clear", problem_id)
+
+    def das_stats(self) -> dict[str, Any]:
+        """The DAS drafter's trees, memory, and acceptance (totals and per step)."""
+        return self._call("das_stats")
+
+    def das_phase(self) -> list[dict[str, Any]]:
+        """The drafter's recent phase-aware decisions (``batch_cap="phase"``)."""
+        return self._call("das_phase")
+
+    def arrol_update(self, head: Any = None, calibration: Any = None,
+                     cold_start: bool = False, version: int | None = None) -> int:
+        """Load ARRoL head weights (``QualityHead.export``, or a path to them) and/or a
+        calibration (``Calibration`` or its dict) between steps; ``cold_start=True`` goes
+        back to scoring without pruning.  Checked whole, and against this engine's head
+        and hidden size, before any worker sees it (``ValueError``).  Returns the head
+        version every record scored from the next step on names."""
+        return self._call("arrol_update", head, calibration, cold_start, version)
+
+    def arrol_info(self) -> dict[str, Any]:
+        """ARRoL's head: version, shape, calibration, samples scored and pruned."""
+        return self._call("arrol_info")
+
+    def arrol_hidden(self, request_ids: Sequence[str]) -> dict[str, Any]:
+        """Take the hidden states at ``l_detect`` the workers kept for these records
+        (``arrol.return_hidden``; the ids are the records' ``hidden_id``): request id ->
+        float32 numpy vector; ids not kept (or already taken) are absent.
+        :meth:`generate` calls it for you."""
+        return self._call("arrol_hidden", request_ids)
 
 
-def attach_rollout_info(outputs: Sequence[Any], params: Sequence[SamplingParams | None]) -> None:
-    """Give every completion a ``rollout_info`` and mark each group's training group."""
+def attach_rollout_info(outputs: Sequence[Any], params: Sequence[SamplingParams | None],
+                        fetch_hidden: Callable[[list[str]], Mapping[str, Any]] | None = None
+                        ) -> None:
+    """Give every completion a ``rollout_info`` and mark each group's training group.
+
+    ``fetch_hidden`` (``LLM.arrol_hidden``): the records that name a hidden state kept on
+    the workers (``hidden_id``) get it, all of them in one call; without it they keep
+    only the id."""
     groups: dict[str, tuple[Any, list[Any]]] = {}
     for out, sp in zip(outputs, params):
         flags, read_yet = None, False
@@ -113,6 +167,13 @@ def attach_rollout_info(outputs: Sequence[Any], params: Sequence[SamplingParams 
                                flags.darts.k, flags.darts.early_stop(flags.group))
         for c, info in zip(completions, infos):
             c.rollout_info = info
+    if fetch_hidden is not None:
+        completions = [c for out in outputs for c in out.outputs]
+        ids = hidden_ids([c.rollout_info for c in completions])
+        if ids:
+            infos = with_hidden([c.rollout_info for c in completions], fetch_hidden(ids))
+            for c, info in zip(completions, infos):
+                c.rollout_info = info
 
 
 def engine_args(model: str | os.PathLike, **kwargs: Any):

@@ -8,13 +8,19 @@ without RL flags gets no record and keeps vLLM's own ``stop_reason``.
 Group-level marks that only exist once the whole group is back (DARTS dual-end
 selection) are added on the client side by :func:`vllm_rl.darts.rule.annotate_group`,
 which ``vllm_rl.LLM`` calls for you.
+
+The record stays compact: a hidden state (ARRoL's ``return_hidden``) never travels in
+it.  The worker keeps the vector (:mod:`vllm_rl.arrol.hidden`) and the record names it
+(``hidden_id``, the engine request id); the client takes the vectors with the
+``arrol_hidden`` RPC (:func:`hidden_ids`, :func:`with_hidden`; ``vllm_rl.LLM.generate``
+does it for you) and :meth:`RolloutInfo.hidden_state` returns one in-process.
 """
 from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping, Sequence
 
 PREFIX = "vllm_rl:"
 
@@ -88,7 +94,11 @@ class RolloutInfo:
     p: float | None = None               # ARRoL: survival probability (Eq. 2)
     head_version: int | None = None      # ARRoL: the head version that scored it
     pruned: bool | None = None           # ARRoL: pruned at l_detect
-    hidden: str | None = None            # ARRoL return_hidden: base64 float32 at l_detect
+    hidden: Any = field(default=None, compare=False, repr=False)   # ARRoL return_hidden:
+                                         # the float32 vector at l_detect, in-process only
+                                         # (taken with arrol_hidden; never on the wire)
+    hidden_id: str | None = None         # ARRoL return_hidden: the key of its hidden state
+                                         # kept on the worker (vllm_rl.arrol.hidden)
     trace: list[float] | None = None     # ARRoL: TRACE_FEATURES over the first l_detect tokens
     floor: bool | None = None            # ARRoL: its coin said prune, overruled because its
                                          # DARTS group was at M (composition rule)
@@ -98,10 +108,15 @@ class RolloutInfo:
 
     def hidden_state(self):
         """The final-norm hidden state at ``l_detect`` (``arrol.return_hidden``) as a
-        float32 numpy vector, or None."""
-        if self.hidden is None:
-            return None
-        return decode_hidden(self.hidden)
+        float32 numpy vector, or None: not asked for, or not taken from the worker yet
+        (the record then has only its ``hidden_id``; :func:`with_hidden`)."""
+        return self.hidden
+
+    def with_hidden(self, vector: Any) -> "RolloutInfo":
+        """This record with its hidden state (a float32 vector) attached in-process."""
+        import numpy as np
+
+        return replace(self, hidden=np.asarray(vector, dtype=np.float32).reshape(-1))
 
     @property
     def valid(self) -> bool:
@@ -110,7 +125,10 @@ class RolloutInfo:
 
     # -- wire format ------------------------------------------------------------
     def encode(self) -> str:
-        d = {k: v for k, v in asdict(self).items() if v is not None}
+        """The wire form: ``"vllm_rl:"`` + compact JSON of the fields set, never the
+        hidden state (its ``hidden_id`` names it)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in _IN_PROCESS and getattr(self, f.name) is not None}
         d["reason"] = self.reason.value
         return PREFIX + json.dumps(d, separators=(",", ":"))
 
@@ -120,7 +138,7 @@ class RolloutInfo:
             return None
         d = json.loads(stop_reason[len(PREFIX):])
         d["reason"] = Reason(d["reason"])
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - _IN_PROCESS
         return cls(**{k: v for k, v in d.items() if k in known})
 
     @classmethod
@@ -143,14 +161,49 @@ class RolloutInfo:
                    length=len(tokens), stop=choice.get("stop_reason"))
 
 
-def decode_hidden(text: str):
-    """A hidden state from its wire form: base64 of float32 little-endian (the worker's
-    ``vllm_rl.arrol.scorer.encode_hidden``), as a numpy vector."""
+_IN_PROCESS = frozenset({"hidden"})      # fields that never cross the wire
+
+
+def hidden_ids(infos: Sequence[RolloutInfo | None]) -> list[str]:
+    """The ids of the hidden states these records name and do not hold yet (to take with
+    the ``arrol_hidden`` RPC), each once, in order."""
+    ids = [i.hidden_id for i in infos
+           if i is not None and i.hidden_id is not None and i.hidden is None]
+    return list(dict.fromkeys(ids))
+
+
+def with_hidden(infos: Sequence[RolloutInfo | None],
+                vectors: Mapping[str, Any]) -> list[RolloutInfo | None]:
+    """``infos`` with the hidden states of ``vectors`` (``arrol_hidden``'s answer: id ->
+    vector, or the HTTP route's base64 texts) attached by ``hidden_id``; a record whose
+    vector is absent (never kept, or dropped by the worker's bounded store) is unchanged."""
+    out: list[RolloutInfo | None] = []
+    for info in infos:
+        vector = None if info is None or info.hidden_id is None else vectors.get(info.hidden_id)
+        if vector is not None and info.hidden is None:
+            info = info.with_hidden(decode_hidden(vector) if isinstance(vector, str) else vector)
+        out.append(info)
+    return out
+
+
+def encode_hidden(vector: Any) -> str:
+    """A hidden state as text, for the HTTP route's answer (``POST
+    /vllm_rl/arrol/hidden``): base64 of float32 little-endian."""
     import base64
 
     import numpy as np
 
-    return np.frombuffer(base64.b64decode(text), dtype="<f4")
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+
+
+def decode_hidden(text: str):
+    """A hidden state from the HTTP route's text (:func:`encode_hidden`): a float32 numpy
+    vector."""
+    import base64
+
+    import numpy as np
+
+    return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float32)
 
 
 def _stock_reason(finish_reason: str | None, stop_reason: Any) -> Reason:

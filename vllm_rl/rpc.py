@@ -1,28 +1,34 @@
-"""One table of the RL engine's RPC methods, from which every way to call them is built.
+"""One table of the RL engine's RPC methods: what each takes, how it is checked, where it
+is served.
 
 The RL state lives with the model runner in the worker process: the DAS drafter's trees
-(:mod:`vllm_rl.das.worker`) and ARRoL's head (:mod:`vllm_rl.arrol.worker`).  vLLM reaches a
-worker method with ``collective_rpc``, run between steps.  Each :class:`Method` says once
-what the method takes and where it is served; from :data:`METHODS`:
+(:mod:`vllm_rl.das.worker`) and ARRoL's head and kept hidden states
+(:mod:`vllm_rl.arrol.worker`).  vLLM reaches a worker method with ``collective_rpc``, run
+between steps.  Each :class:`Method` says once what the method takes and where it is
+served.  The ways to call them are written-out classes, each method with its signature and
+docstring, and ``tests/unit/test_rpc.py`` checks every one against :data:`METHODS` (same
+names, parameters and defaults):
 
-* the worker extension (:class:`vllm_rl.worker.RLWorkerExtension`) is the classes named
-  by the methods' ``owner``;
-* ``vllm_rl.LLM`` gets one method each (:func:`bind_sync`);
-* the framework actors (verl's ``RLHttpServer``, OpenRLHF's ``RLRolloutActor``) get one
-  async method each (:class:`vllm_rl.integrations.common.rpc.RLStateRPC`);
-* the server gets one HTTP route each (:mod:`vllm_rl.endpoint`).
+* the worker extension, :class:`vllm_rl.worker.RLWorkerExtension` (a subclass of the
+  classes named by the methods' ``owner``);
+* ``vllm_rl.LLM``'s methods (:class:`vllm_rl.llm.LLM`);
+* the framework actors' async methods (verl's ``RLHttpServer``, OpenRLHF's
+  ``RLRolloutActor``: :class:`vllm_rl.integrations.common.rpc.RLStateRPC`);
+* the server's HTTP routes (:mod:`vllm_rl.endpoint`), generated from the table.
 
 A method's arguments go through :meth:`Method.call_args` on every path (token ids as
-ints, a calibration object as its dict; an ARRoL update checked whole, and against the
-engine's head dims where the path knows the engine: :meth:`Method.engine_call_args`),
-so a client never sends the worker something it would not take from another, and a bad
-update fails before any worker sees it.  ``rank0``: the result is rank 0's (every rank holds the
-same state).
+ints, a calibration object as its dict, request ids as strings; an ARRoL update checked
+whole, and against the engine's head dims where the path knows the engine:
+:meth:`Method.engine_call_args`), so a client never sends the worker something it would
+not take from another, and a bad update fails before any worker sees it.  ``rank0``: the
+result is rank 0's (every rank holds the same state).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
+
+from vllm_rl.arrol.hidden import hidden_from_wire, hidden_to_wire
 
 DAS_WORKER = "vllm_rl.das.worker.DASWorkerExtension"
 ARROL_WORKER = "vllm_rl.arrol.worker.ArrolWorkerExtension"
@@ -49,11 +55,35 @@ def _arrol_update(args: dict[str, Any], vllm_config: Any = None) -> dict[str, An
                                    vllm_config=vllm_config)}
 
 
+def _request_ids(args: dict[str, Any], vllm_config: Any = None) -> dict[str, Any]:
+    """A list of request id strings (the records' ``hidden_id``); a bare string is
+    refused, not read as its characters."""
+    ids = args["request_ids"]
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise ValueError(f"arrol_hidden: request_ids={ids!r}: allowed a list of request id "
+                         "strings (RolloutInfo.hidden_id)")
+    ids = list(ids)
+    if not all(isinstance(i, str) for i in ids):
+        raise ValueError("arrol_hidden: request_ids: allowed a list of request id strings "
+                         "(RolloutInfo.hidden_id)")
+    return {**args, "request_ids": ids}
+
+
+def _hidden_json(result: Mapping[str, Any]) -> dict[str, str]:
+    """The vectors as JSON: base64 of float32 little-endian per id
+    (:func:`vllm_rl.outcome.decode_hidden` reads one)."""
+    from vllm_rl.outcome import encode_hidden
+
+    return {rid: encode_hidden(h) for rid, h in result.items()}
+
+
 @dataclass(frozen=True)
 class Method:
     """One RPC: its name on the worker, its parameters (in order) with defaults, the
-    worker class that implements it, the HTTP route, and the key the route returns the
-    result under (None: the result is the response body)."""
+    worker class that implements it, the HTTP route, the key the route returns the
+    result under (None: the result is the response body), how a caller reads one rank's
+    result (``from_worker``; None: as it is) and how the route writes it as JSON
+    (``to_json``; None: as it is)."""
 
     name: str
     params: tuple[str, ...]
@@ -65,6 +95,8 @@ class Method:
     prepare: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None   # (args, vllm_config)
     rank0: bool = True
     http_extra: tuple[str, ...] = field(default_factory=tuple)   # route-only body keys
+    from_worker: Callable[[Any], Any] | None = None              # one rank's result, read
+    to_json: Callable[[Any], Any] | None = None                  # the route's answer
 
     @property
     def required(self) -> tuple[str, ...]:
@@ -97,6 +129,15 @@ class Method:
             values = self.prepare(values, vllm_config)
         return tuple(values[p] for p in self.params)
 
+    def read(self, value: Any) -> Any:
+        """One rank's result as a caller gets it (``from_worker``)."""
+        return value if self.from_worker is None else self.from_worker(value)
+
+    def result(self, out: list[Any]) -> Any:
+        """What a caller gets from ``collective_rpc``'s per-rank list: rank 0's result
+        (``rank0``) or every rank's, each :meth:`read`."""
+        return self.read(out[0]) if self.rank0 else [self.read(v) for v in out]
+
 
 METHODS: tuple[Method, ...] = (
     Method("das_prebuild", ("problem_id", "rollouts", "prompt_token_ids"),
@@ -123,37 +164,15 @@ METHODS: tuple[Method, ...] = (
     Method("arrol_info", (), {}, ARROL_WORKER,
            "ARRoL's head: version, shape, calibration, samples scored and pruned.",
            ("GET", "/vllm_rl/arrol")),
+    Method("arrol_hidden", ("request_ids",), {}, ARROL_WORKER,
+           "Take the hidden states at l_detect kept on the worker for these records "
+           "(arrol.return_hidden; the ids are the records' hidden_id): request id -> "
+           "float32 vector, ids not kept (or already taken) absent.  Over HTTP: base64 of "
+           "float32 little-endian per id (vllm_rl.outcome.decode_hidden).",
+           ("POST", "/vllm_rl/arrol/hidden"), "hidden", _request_ids,
+           from_worker=hidden_from_wire, to_json=_hidden_json),
 )
 BY_NAME = {m.name: m for m in METHODS}
 
-
-def owners() -> list[type]:
-    """The worker classes implementing the table, in table order."""
-    import importlib
-
-    out: list[type] = []
-    for m in METHODS:
-        module, _, name = m.owner.rpartition(".")
-        cls = getattr(importlib.import_module(module), name)
-        if cls not in out:
-            out.append(cls)
-    return out
-
-
-def bind_sync(cls: type) -> type:
-    """Give ``cls`` (a ``vllm.LLM``) one method per table entry: ``collective_rpc`` with
-    the checked arguments, rank 0's result."""
-    for method in METHODS:
-        def call(self, *args, _m=method, **kwargs):
-            config = getattr(getattr(self, "llm_engine", None), "vllm_config", None)
-            out = self.collective_rpc(_m.name, args=_m.engine_call_args(config, *args,
-                                                                         **kwargs))
-            return out[0] if _m.rank0 else out
-
-        call.__name__ = call.__qualname__ = method.name
-        call.__doc__ = method.doc
-        setattr(cls, method.name, call)
-    return cls
-
-
-__all__ = ["BY_NAME", "METHODS", "Method", "bind_sync", "owners"]
+__all__ = ["ARROL_WORKER", "BY_NAME", "DAS_WORKER", "METHODS", "Method", "hidden_from_wire",
+           "hidden_to_wire"]

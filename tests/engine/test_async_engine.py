@@ -1,5 +1,6 @@
 """The AsyncLLM way in (``vllm_rl.engine_args``): groups, records, bad flags at submission,
-and ARRoL's head updated through ``collective_rpc`` with hidden states in the records."""
+and ARRoL's head updated through ``collective_rpc``, the hidden states the records name
+taken with ``arrol_hidden``."""
 import asyncio
 
 import pytest
@@ -100,6 +101,14 @@ async def _scenario(prompts):
             n=4, temperature=1.0, max_tokens=48, seed=3, output_kind=RequestOutputKind.FINAL_ONLY,
             extra_args=rl_params(arrol={"l_detect": 8, "return_hidden": True})))
         hidden_size = (await engine.collective_rpc("arrol_info"))[0]["hidden_size"]
+        from vllm_rl.arrol.hidden import hidden_from_wire
+        from vllm_rl.outcome import hidden_ids, with_hidden
+
+        scored = [RolloutInfo.decode(c.stop_reason) for c in arrol.outputs]
+        scored = [i for i in scored if i is not None and i.score is not None]
+        kept = hidden_from_wire(
+            (await engine.collective_rpc("arrol_hidden", args=(hidden_ids(scored),)))[0])
+        arrol = (arrol, with_hidden(scored, kept))
         reload = await _reload_while_serving(engine, prompts)
         return errors, out, after, (version, arrol, hidden_size), reload
     finally:
@@ -180,8 +189,7 @@ def test_async_engine_serves_groups_and_rejects_bad_flags(prompts):
     if any(i.reason is Reason.DARTS_CANCELLED for i in infos):
         assert len(valid) == 4
     assert after.finished and after.outputs[0].token_ids
-    scored = [RolloutInfo.decode(c.stop_reason) for c in arrol.outputs]
-    scored = [i for i in scored if i is not None and i.score is not None]
+    arrol, scored = arrol
     assert scored and all(i.head_version == version and i.p == 0.5 for i in scored)
     assert all(i.hidden_state().shape == (hidden_size,) for i in scored)
 

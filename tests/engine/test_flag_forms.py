@@ -2,9 +2,10 @@
 
 The forms of ``docs/flags.md`` (nested, JSON string, dotted, mixed) and what vLLM's
 ``vllm_xargs`` makes of them (a JSON ``true`` / ``false`` arrives as ``1`` / ``0``): a
-good one is served (HTTP 200, a record per completion, the flags as sent: ``hidden``
-back exactly when ``return_hidden`` was true), a bad one is a true HTTP 400 before any
-stream whose message names the flag and its allowed range, in both modes.  The
+good one is served (HTTP 200, a record per completion, the flags as sent: a
+``hidden_id``, the worker keeping the vector, exactly when ``return_hidden`` was true),
+a bad one is a true HTTP 400 before any stream whose message names the flag and its
+allowed range, in both modes.  The
 middleware (``vllm_rl/http_flags.py``) and the engine read the flags with one reader
 (``vllm_rl.flags.read``), so no request passes one and fails the other.
 
@@ -81,7 +82,7 @@ def test_every_form_gets_the_same_verdict_in_both_modes(server, streamed):
             hidden = _sent_hidden(xargs)
             if hidden is not None:                    # scored at l_detect = 2 of 6 tokens
                 assert all(i.score is not None for i in infos), (name, infos)
-                assert all((i.hidden is not None) == hidden for i in infos), (name, infos)
+                assert all((i.hidden_id is not None) == hidden for i in infos), (name, infos)
             if "group" in json.dumps(xargs) or "vllm_rl.darts" in json.dumps(xargs):
                 assert len({i.group_id for i in infos}) == 1 and infos[0].group_id, name
         else:

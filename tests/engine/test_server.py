@@ -95,7 +95,8 @@ def test_server_rejects_bad_flags_with_400_and_keeps_serving(server, prompts):
 
 def test_server_arrol_route_flags_and_records(server, prompts):
     """ARRoL over HTTP: calibration pushed through POST /vllm_rl/arrol, flags through
-    vllm_xargs, scores, survival probabilities and hidden states in the records."""
+    vllm_xargs, scores and survival probabilities in the records, the hidden states they
+    name taken through POST /vllm_rl/arrol/hidden (base64 float32, once)."""
     from vllm_rl.arrol.rule import BINS
 
     status, info = _call(server, "/vllm_rl/arrol")
@@ -113,7 +114,17 @@ def test_server_arrol_route_flags_and_records(server, prompts):
     infos = [RolloutInfo.from_openai_choice(c) for c in resp["choices"]]
     scored = [i for i in infos if i.length > 16]
     assert scored and all(i.head_version == version and i.p == 0.5 for i in scored)
+    from vllm_rl.outcome import hidden_ids, with_hidden
+
+    ids = hidden_ids(scored)
+    assert len(ids) == len(scored) and all("hidden" not in c["stop_reason"].replace(
+        "hidden_id", "") for c in resp["choices"])
+    status, kept = _call(server, "/vllm_rl/arrol/hidden", {"request_ids": ids})
+    assert status == 200 and set(kept["hidden"]) == set(ids), kept
+    scored = with_hidden(scored, kept["hidden"])
     assert all(i.hidden_state().shape == (info["hidden_size"],) for i in scored)
+    assert _call(server, "/vllm_rl/arrol/hidden", {"request_ids": ids}) == (200, {"hidden": {}})
+    assert _call(server, "/vllm_rl/arrol/hidden", {"request_ids": ids[0]})[0] == 400
     assert all((i.reason is Reason.ARROL_PRUNED) == i.pruned for i in scored)
     status, resp = _post(server, _body(prompts[5], n=2, vllm_xargs={"vllm_rl.arrol.rho": 3}))
     assert status == 400 and "'arrol.rho'" in json.dumps(resp)

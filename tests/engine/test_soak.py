@@ -212,8 +212,8 @@ def check_choice(c: dict, raw: dict | None, max_tokens: int, group_id: str | Non
     elif info.pruned:
         bad.append(f"{where}: pruned but ended {info.reason.value}")
     if arrol is not None and info.score is not None and arrol["return_hidden"] != (
-            info.hidden is not None):
-        bad.append(f"{where}: hidden state {info.hidden is not None}, "
+            info.hidden_id is not None):
+        bad.append(f"{where}: hidden state kept {info.hidden_id is not None}, "
                    f"asked {arrol['return_hidden']}")
     return bad
 

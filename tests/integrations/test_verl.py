@@ -197,8 +197,8 @@ def test_flags_reach_the_engine_and_records_come_back(rollout_batch):
     assert all(r.draft_proposed is not None for r in records), "DAS drafted for every sample"
     assert sum(r.draft_accepted or 0 for r in records) > 0
     scored = [r for r in records if r.length > 16]   # the 16th token went through the model
-    unscored = [(r.reason.value, r.length, r.score, r.hidden is None) for r in scored
-                if r.score is None or r.hidden is None]
+    unscored = [(r.reason.value, r.length, r.score, r.hidden_id) for r in scored
+                if r.score is None or r.hidden_id is None]   # the vector stays on the worker
     assert scored and not unscored, unscored
 
 
@@ -637,9 +637,10 @@ def test_trainer_mode_runs_verls_step_on_transfer_queue(verl_cluster, transfer_q
 
 
 def test_arrol_feedback_trains_calibrates_and_pushes(verl_cluster, rollout_batch):
-    """ARRoL's trainer side on real records (hidden states at l_detect) and the task's
-    verifier: the cold start pushes the head only, then head and calibration; the server
-    actor takes both."""
+    """ARRoL's trainer side on real records and the task's verifier: the records name
+    their hidden states at l_detect (hidden_id), taken from the server actor
+    (arrol_hidden, as the trainer does); the cold start pushes the head only, then head
+    and calibration; the server actor takes both."""
     import ray
     from transformers import AutoTokenizer
 
@@ -649,7 +650,15 @@ def test_arrol_feedback_trains_calibrates_and_pushes(verl_cluster, rollout_batch
     _, server, _ = verl_cluster
     tok = AutoTokenizer.from_pretrained(MODEL_PATH)
     fields = rollout_batch.non_tensor_batch
+    from vllm_rl.integrations.verl.trainer import fetch_hidden
+
     infos = [RolloutInfo.decode(r) for r in fields["vllm_rl"]]
+    assert all(i.hidden is None for i in infos if i is not None)    # never in the record
+    named = [i for i in infos if i is not None and i.hidden_id is not None]
+    assert named, "return_hidden: the scored records name their hidden states"
+    infos = fetch_hidden(infos, [server])
+    assert all(i.hidden_state() is not None for i in infos
+               if i is not None and i.hidden_id is not None)
     responses = rollout_batch.batch["responses"]
     mask = rollout_batch.batch["response_mask"].bool()
     rewards = [reward(p[0]["content"], tok.decode(r[m].tolist()))

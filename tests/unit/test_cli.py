@@ -36,7 +36,8 @@ def test_unknown_subcommand_fails_with_the_list(capsys):
     ("bench das", ("--epochs", "--configs")),
     ("bench das-batch", ("--sizes", "--repeats")),
     ("bench arrol", ("--l-detect", "--head-inputs")),
-    ("bench overhead", ("--repeats", "--profile")),
+    ("bench overhead", ("--repeats", "--profile", "--mode", "--live", "--workloads",
+                        "--min-tokens", "--live-floor")),
     ("serve-bench", ("--base-url", "--group-as", "--techniques", "--concurrency",
                      "--request-rate", "request_throughput")),
 ])

@@ -164,6 +164,24 @@ def test_feedback_gate_stays_shut_for_a_head_that_cannot_rank():
     assert fb.metrics["arrol/gate_open"] == 0.0
 
 
+def test_feedback_reads_hidden_states_taken_from_the_worker():
+    """A hidden-state head learns from records holding their vector (taken with
+    arrol_hidden); a record that only names one (hidden_id, never taken) is left out and
+    counted, never trained on as zeros."""
+    g = torch.Generator().manual_seed(3)
+    fb = ArrolFeedback({"l_detect": 8}, inputs="both", cold_start_steps=1, epochs=2)
+    infos, rewards = [], []
+    for k in range(12):
+        info, r = _scored(R.EOS, (0.1 * k, -1.0, 1.0), k % 2 == 0, hidden_id=f"r{k}")
+        if k < 8:
+            info = info.with_hidden(torch.randn(6, generator=g).numpy())
+        infos.append(info)
+        rewards.append(r)
+    update = fb.observe(infos, rewards)
+    assert update is not None and len(update["head"]["w1"][0]) == 6
+    assert fb.metrics["arrol/labels"] == 8 and fb.metrics["arrol/hidden_missing"] == 4
+
+
 def test_planner_saturates_only_the_high_variance_prompts():
     """Alg. 1 over [M, 2M] for 1.5 MN; Alg. 2: shortest-only only at M'_i = 2M."""
     p = DartsPlanner(M=4, budget=1.5)

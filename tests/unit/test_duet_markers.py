@@ -1,9 +1,11 @@
 """DUET's marker detectors and per-sample rule (pure functions)."""
+import random
+
 import pytest
 
 from vllm_rl.duet import rule as duet
-from vllm_rl.duet.markers import (code_marker, compile_user_pattern, detector,
-                                             math_marker, opening_fence, qa_marker)
+from vllm_rl.duet.markers import (PATTERN_WINDOW, Marker, code_marker, compile_user_pattern,
+                                  detector, marker, math_marker, opening_fence, qa_marker)
 from vllm_rl.flags import DuetFlags
 
 BOX = "\\boxed{"
@@ -58,32 +60,89 @@ def test_user_patterns_are_re2_and_bounded():
     assert detector("math", r"xyz", "")("..xyz..")
 
 
-def _state(k1=0, k2=20, grace=10, eps=0.5, poll=8, coin=0.9):
-    """A state whose detector fires on the text "MARK"."""
+class FiresAt(Marker):
+    """A detector that records its polls and fires once ``at`` tokens were fed."""
+
+    def __init__(self, at: int = 1 << 30) -> None:
+        super().__init__()
+        self.at, self.polled = at, []
+
+    def poll(self, table, tokens) -> bool:
+        self.polled.append(len(tokens))
+        return len(tokens) >= self.at
+
+
+def _state(k1=0, k2=20, grace=10, eps=0.5, poll=8, coin=0.9, at=1 << 30):
     flags = DuetFlags(marker="math", pattern=None, k1=k1, k2=k2, grace=grace, eps=eps, poll=poll)
-    return duet.DuetState(flags=flags, detector=lambda s: s == "MARK", k1=k1, k2=k2, coin=coin)
+    return duet.DuetState(flags=flags, detector=FiresAt(at), k1=k1, k2=k2, coin=coin)
+
+
+def _run(state, t: int):
+    """step() as the engine calls it: only once ``next_check`` is reached."""
+    if t < state.next_check:
+        return None
+    return duet.step(state, t, [7] * t, TABLE)
 
 
 def test_rule_polls_from_k1_every_poll_tokens_and_trims_at_the_marker():
-    state = _state(k1=10, poll=8, k2=1000)
-    polled = []
+    state = _state(k1=10, poll=8, k2=1000, at=30)
     for t in range(1, 40):
-        action = duet.step(state, t, lambda t=t: polled.append(t) or ("MARK" if t >= 30 else ""))
+        action = _run(state, t)
         if action:
             break
-    assert polled == [10, 16, 24, 32]
+    assert state.detector.polled == [10, 16, 24, 32]
     assert action is duet.Action.TRIM and state.marker_pos == 32 and state.keep_prob == 1.0
 
 
 @pytest.mark.parametrize("coin, expected", [(0.9, duet.Action.ABORT), (0.1, None)])
 def test_gate_at_k2_plus_g_follows_the_coin(coin, expected):
     state = _state(k2=20, grace=10, eps=0.5, coin=coin)
-    actions = [duet.step(state, t, lambda: "") for t in range(1, 31)]
+    actions = [_run(state, t) for t in range(1, 31)]
     assert actions[:29] == [None] * 29 and actions[29] is expected
     assert state.keep_decided and state.keep_prob == 0.5
     if expected is None:   # eps-kept: weight 1/eps, never trimmed or gated again
-        assert state.weight == 2.0
-        assert all(duet.step(state, t, lambda: "MARK") is None for t in range(31, 80))
+        assert state.weight == 2.0 and state.next_check > 1 << 40
+        state.detector.at = 0
+        assert all(duet.step(state, t, [7] * t, TABLE) is None for t in range(31, 80))
+
+
+# ---------------------------------------------------------------- incremental markers
+PIECES = ["\\boxed{", "{", "}", "\n", " ", ":", "a", "7", "```", "`", "<answer>", "</answer>",
+          "Therefore the answer is ", ".", "x", "\n\n", "\u00e9", "y" * 700]
+TABLE = [p.encode() for p in PIECES]
+
+
+@pytest.mark.parametrize("kind", ["math", "code", "qa"])
+def test_incremental_markers_answer_what_the_text_functions_answer(kind):
+    """At every poll, on random outputs polled at random points, the incremental form
+    on token bytes says exactly what the text function says on the whole output."""
+    rng = random.Random(kind)
+    reference = detector(kind, None, "```")
+    for _ in range(1500):
+        ids = [rng.randrange(len(PIECES)) for _ in range(rng.randint(1, 60))]
+        inc, pos = marker(kind, None, "```"), 0
+        while pos < len(ids):
+            pos = min(len(ids), pos + rng.randint(1, 6))
+            want = reference("".join(PIECES[i] for i in ids[:pos]))
+            assert inc.poll(TABLE, ids[:pos]) == want, ids[:pos]
+            if want:
+                break
+
+
+def test_incremental_markers_keep_little_of_a_long_output():
+    inc = marker("math", None)
+    ids = [PIECES.index("y" * 700)] * 200
+    for n in range(1, 201):
+        assert not inc.poll(TABLE, ids[:n])
+    assert len(inc.buf) < 8192
+
+
+def test_pattern_marker_reads_the_last_window_of_token_bytes():
+    inc = marker("math", r"= \d+ ;")
+    table = [b"=", b" 7", b" ;", b" x"]
+    assert not inc.poll(table, [0, 1, 3])
+    assert inc.poll(table, [0, 1, 2])
+    assert not inc.poll(table, [0, 1, 2] + [3] * PATTERN_WINDOW)      # out of the window
 
 
 def test_coin_is_reproducible_from_the_seed_and_prompt_and_uniform():

@@ -1,12 +1,27 @@
-"""The one RPC table and the one engine-settings object: every client is built from them."""
+"""The one RPC table and the one engine-settings object: every client follows them."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from vllm_rl.rpc import BY_NAME, METHODS, bind_sync
+from vllm_rl.rpc import BY_NAME, METHODS
+
+REQUIRED = "<required>"
+
+
+def _offline(collective_rpc, vllm_config=None):
+    """A ``vllm_rl.LLM`` with no engine: its RPC methods on ``collective_rpc``."""
+    from vllm_rl.llm import LLM
+
+    llm = LLM.__new__(LLM)
+    llm.collective_rpc = collective_rpc
+    llm.llm_engine = SimpleNamespace(vllm_config=vllm_config)
+    return llm
 
 
 def test_call_args_check_like_a_python_call():
@@ -87,53 +102,165 @@ def test_arrol_update_is_checked_against_the_engine():
         u.engine_call_args(NoHead(), cold_start=True)
     calls = []
 
-    @bind_sync
-    class Engine:                 # vllm_rl.LLM: checked against its engine, no RPC sent
-        class llm_engine:
-            vllm_config = _Engine()
+    def rpc(name, args=()):
+        calls.append(name)
+        return [1]
 
-        def collective_rpc(self, name, args=()):
-            calls.append(name)
-            return [1]
-
+    llm = _offline(rpc, _Engine())        # vllm_rl.LLM: checked against its engine, no RPC sent
     with pytest.raises(ValueError, match="hidden size 4"):
-        Engine().arrol_update(head=wrong)
-    assert calls == [] and Engine().arrol_update(head=good) == 1
+        llm.arrol_update(head=wrong)
+    assert calls == [] and llm.arrol_update(head=good) == 1
+
+
+def test_the_actors_check_an_update_before_any_worker():
+    """verl's and OpenRLHF's actors (RLStateRPC): a bad head or calibration is a
+    ValueError on the actor, engine-free before the engine runs and against the engine's
+    hidden size once it does; rl_rpc (collective_rpc) is never reached."""
+    from vllm_rl.arrol.head import QualityHead
+    from vllm_rl.integrations.common.rpc import RLStateRPC
+
+    sent = []
+
+    class Actor(RLStateRPC):
+        config = None
+
+        async def rl_rpc(self, method, args=()):
+            sent.append(method)
+            return 5
+
+        def rl_vllm_config(self):
+            return self.config
+
+    actor = Actor()
+    with pytest.raises(ValueError, match="alpha"):
+        asyncio.run(actor.arrol_update(calibration={"pos": [1], "neg": [1], "alpha": -1.0,
+                                                    "prior": 0.5, "delta": 0.0, "bins": 1}))
+    wrong = QualityHead(5, 3).export(1)
+    assert asyncio.run(actor.arrol_update(head=wrong)) == 5      # no engine yet: dims unknown
+    actor.config = _Engine()
+    with pytest.raises(ValueError, match="hidden size 4"):
+        asyncio.run(actor.arrol_update(head=wrong))
+    with pytest.raises(ValueError, match="request_ids"):
+        asyncio.run(actor.arrol_hidden("one-id"))                 # not read as characters
+    assert sent == ["arrol_update"]
 
 
 def test_the_offline_engine_gets_every_method():
     calls = []
 
-    @bind_sync
-    class Engine:
-        def collective_rpc(self, name, args=()):
-            calls.append((name, args))
-            return ["rank0", "rank1"]
+    def rpc(name, args=()):
+        calls.append((name, args))
+        if name == "arrol_hidden":
+            return [{"a": np.ones(2, "<f4").tobytes()}, {}]
+        return ["rank0", "rank1"]
 
-    e = Engine()
-    for m in METHODS:
-        assert getattr(Engine, m.name).__doc__ == m.doc
+    e = _offline(rpc)
     assert e.das_clear("p") == "rank0" and calls[-1] == ("das_clear", ("p",))
     assert e.arrol_update(version=3) == "rank0"
     assert calls[-1] == ("arrol_update", (None, None, False, 3))
-    from vllm_rl.llm import LLM
+    got = e.arrol_hidden(("a", "b"))
+    assert calls[-1] == ("arrol_hidden", (["a", "b"],)) and set(got) == {"a"}
+    assert got["a"].tolist() == [1.0, 1.0]
+    assert e.das_prebuild("p", [["1"]]) == "rank0"
+    assert calls[-1] == ("das_prebuild", ("p", [[1]], None))
 
-    assert all(callable(getattr(LLM, m.name)) for m in METHODS)
+
+def _signature(fn) -> list[tuple[str, object]]:
+    """(name, default or REQUIRED) of a method's parameters after ``self`` (Ray, once an
+    actor class derives from the class, adds a keyword-only ``_ray_trace_ctx``)."""
+    params = [p for p in list(inspect.signature(fn).parameters.values())[1:]
+              if p.name != "_ray_trace_ctx"]
+    assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params), fn.__qualname__
+    return [(p.name, REQUIRED if p.default is p.empty else p.default) for p in params]
 
 
-def test_the_actor_mixin_and_the_worker_extension_follow_the_table():
+def _rpc_names(cls) -> set[str]:
+    return {n for n in dir(cls) if n.startswith(("das_", "arrol_")) and callable(getattr(cls, n))}
+
+
+def _surfaces():
     from vllm_rl.integrations.common.rpc import RLStateRPC
+    from vllm_rl.llm import LLM
     from vllm_rl.worker import RLWorkerExtension
+
+    return {"vllm_rl.LLM": LLM, "RLStateRPC": RLStateRPC, "RLWorkerExtension": RLWorkerExtension}
+
+
+@pytest.mark.parametrize("surface", ["vllm_rl.LLM", "RLStateRPC", "RLWorkerExtension"])
+def test_the_written_out_methods_agree_with_the_table(surface):
+    """Every way to call the RL state is a written-out class whose das_* / arrol_*
+    methods are exactly the table's: same names, same parameters in the same order,
+    same defaults, each with a docstring (they cannot drift from METHODS)."""
+    cls = _surfaces()[surface]
+    assert _rpc_names(cls) == set(BY_NAME), surface
+    for m in METHODS:
+        fn = getattr(cls, m.name)
+        expected = [(p, m.defaults.get(p, REQUIRED)) for p in m.params]
+        assert _signature(fn) == expected, (surface, m.name)
+        assert (fn.__doc__ or "").strip(), (surface, m.name)
+        assert inspect.iscoroutinefunction(fn) == (surface == "RLStateRPC"), (surface, m.name)
+
+
+def test_each_method_is_defined_by_its_owner_and_reaches_the_worker_extension():
+    """The table's ``owner`` defines the method (the worker side, where collective_rpc
+    lands) with the table's parameters, and the worker extension is a plain subclass of
+    every owner (its one override, ``arrol_hidden``, only puts the vectors in a form
+    that crosses the engine core: bytes)."""
+    from vllm_rl.worker import RLWorkerExtension
+
+    for m in METHODS:
+        module, _, name = m.owner.rpartition(".")
+        owner = getattr(importlib.import_module(module), name)
+        assert m.name in vars(owner), m.name
+        assert _signature(vars(owner)[m.name]) == [(p, m.defaults.get(p, REQUIRED))
+                                                   for p in m.params], m.name
+        assert issubclass(RLWorkerExtension, owner)
+        if m.name != "arrol_hidden":
+            assert getattr(RLWorkerExtension, m.name) is vars(owner)[m.name]
+
+
+def test_hidden_states_cross_the_engine_core_as_bytes(monkeypatch):
+    """vLLM's engine core returns a utility result to its client through msgpack, which
+    turns a numpy array into a raw [dtype, shape, buffer index]; the worker extension
+    sends bytes and every client reads float32 vectors back, exactly."""
+    from vllm.v1.engine import EngineCoreOutputs, UtilityOutput
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder, UtilityResult
+
+    from vllm_rl.arrol.worker import ArrolWorkerExtension
+    from vllm_rl.worker import RLWorkerExtension
+
+    vec = (np.arange(4096, dtype=np.float32) - 7.5) / 3
+    kept = {"0_r": vec, "1_r": vec[:4] * 2}
+    worker = RLWorkerExtension.__new__(RLWorkerExtension)
+    scorer = SimpleNamespace(take_hidden=lambda ids: {i: kept[i] for i in ids if i in kept})
+    monkeypatch.setattr(ArrolWorkerExtension, "_arrol", lambda self: scorer)
+    wire = worker.arrol_hidden(["0_r", "1_r", "gone"])
+    out = EngineCoreOutputs(utility_output=UtilityOutput(call_id=1, result=UtilityResult(wire)))
+    back = MsgpackDecoder(EngineCoreOutputs).decode(MsgpackEncoder().encode(out))
+    got = BY_NAME["arrol_hidden"].result([back.utility_output.result.result])
+    assert set(got) == {"0_r", "1_r"}
+    np.testing.assert_array_equal(got["0_r"], vec)
+    np.testing.assert_array_equal(got["1_r"], vec[:4] * 2)
+    assert got["0_r"].dtype == np.float32
+    assert BY_NAME["arrol_hidden"].read({"x": vec})["x"].dtype == np.float32   # in-process
+
+
+def test_the_actor_mixin_calls_through_rl_rpc():
+    from vllm_rl.integrations.common.rpc import RLStateRPC
+
+    calls = []
 
     class Actor(RLStateRPC):
         async def rl_rpc(self, method, args=()):
+            calls.append((method, args))
+            if method == "arrol_hidden":
+                return {rid: np.full(3, 0.5, "<f4").tobytes() for rid in args[0]}
             return method, args
 
-    for m in METHODS:
-        assert inspect.iscoroutinefunction(getattr(RLStateRPC, m.name))
-        assert callable(getattr(RLWorkerExtension, m.name)), m.name
     assert asyncio.run(Actor().das_prebuild("p", [[1]])) == ("das_prebuild", ("p", [[1]], None))
     assert asyncio.run(Actor().das_stats()) == ("das_stats", ())
+    got = asyncio.run(Actor().arrol_hidden(["r-1"]))
+    assert calls[-1] == ("arrol_hidden", (["r-1"],)) and got["r-1"].tolist() == [0.5] * 3
 
 
 def test_every_method_has_one_route():
@@ -147,6 +274,38 @@ def test_every_method_has_one_route():
     for m in METHODS:
         assert (m.http[1], (m.http[0],)) in routes, m.name
     assert ("/vllm_rl/reload_weights", ("POST",)) in routes
+
+
+def test_the_hidden_route_answers_base64_float32_per_id():
+    """POST /vllm_rl/arrol/hidden: the ids checked, one collective_rpc, each vector as
+    base64 of float32 little-endian (decode_hidden reads it back exactly)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from vllm_rl.endpoint import RLEndpoints
+    from vllm_rl.outcome import decode_hidden
+
+    vec = np.array([0.5, -1.25, 3.0e-8, 7.0], dtype=np.float32)
+    calls = []
+
+    class Client:
+        async def collective_rpc(self, name, args=()):
+            calls.append((name, args))
+            return [{"r-1": vec.tobytes()}, {"r-1": vec.tobytes()}]
+
+    app = FastAPI()
+    RLEndpoints().attach_router(app)
+    app.state.engine_client = Client()
+    http = TestClient(app)
+    resp = http.post("/vllm_rl/arrol/hidden", json={"request_ids": ["r-1", "r-2"]})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert set(body) == {"hidden"} and set(body["hidden"]) == {"r-1"}
+    np.testing.assert_array_equal(decode_hidden(body["hidden"]["r-1"]), vec)
+    assert calls == [("arrol_hidden", (["r-1", "r-2"],))]
+    for bad in ({"request_ids": "r-1"}, {"ids": ["r-1"]}, {}):
+        assert http.post("/vllm_rl/arrol/hidden", json=bad).status_code == 400, bad
+    assert len(calls) == 1
 
 
 def test_engine_settings_give_the_same_engine_as_keywords_and_as_cli_flags():

@@ -247,6 +247,28 @@ def test_duet_eps_one_outside_darts_keeps(sched):
     assert info(step(sched, {"a": [EOS]})["a"]).reason is Reason.EOS
 
 
+def test_duet_trims_at_its_marker_read_from_token_ids(sched, monkeypatch):
+    """The marker is matched on the tokens' bytes (the vocabulary read once): the
+    scheduler never decodes a sample."""
+    from vllm_rl.task.tokenizer import MARK, vocab
+
+    ids = vocab()
+    tokenizer = sched._load_tokenizer()
+
+    def no_decode(*args, **kwargs):
+        raise AssertionError("the scheduler decoded a sample")
+
+    monkeypatch.setattr(type(tokenizer), "decode", no_decode)
+    sched.add_request(request("a", rl_params(duet={"k1": 0, "k2": 50, "poll": 1,
+                                                   "pattern": r"boxed\{ 7 \}"})))
+    assert step(sched, {"a": [ids["\\boxed{"]]}) == {}
+    assert step(sched, {"a": [ids[MARK + "7"]]}) == {}
+    out = step(sched, {"a": [ids[MARK + "}"]]})
+    rec = info(out["a"])
+    assert rec.reason is Reason.DUET_TRIMMED and rec.marker_pos == 3 and rec.length == 3
+    assert rec.weight == 1.0 and not sched.requests
+
+
 # ---------------------------------------------------------------- ARRoL verdicts
 def _verdict(pruned: bool, p: float = 0.4) -> ArrolVerdict:
     return ArrolVerdict(score=0.2, q=0.3, p=p, pruned=pruned, version=3, hidden=None,

@@ -450,6 +450,26 @@ def _other_thread_ran_during(call) -> tuple[bool, object]:
     return seen, result
 
 
+def assert_releases_gil(call, expected, what: str) -> None:
+    """``call()`` (returning ``expected``) lets another Python thread run while it works
+    (:func:`_other_thread_ran_during`, with a switch interval ~100x the call)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        # The other thread needs the OS to schedule it while the call works: on a loaded
+        # machine that can miss once, so a few tries (a count, not a time) decide.
+        tries = []
+        for _ in range(20):
+            seen, out = _other_thread_ran_during(call)
+            tries.append(seen)
+            assert out == expected
+            if seen:
+                break
+    finally:
+        sys.setswitchinterval(interval)
+    assert any(tries), f"no other Python thread ran during {what} in {len(tries)} calls"
+
+
 @pytest.mark.parametrize("how", ["draft_batch", "draft_many"])
 def test_drafting_releases_the_gil(how):
     # Node [0] gets 20k children, so each draft scans them all: a long call in C++ with
@@ -462,21 +482,7 @@ def test_drafting_releases_the_gil(how):
         call = lambda: tree.draft_batch(contexts, 1, 0.0)            # noqa: E731
     else:
         call = lambda: draft_many([tree] * k, contexts, 1, 0.0)      # noqa: E731
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(10.0)     # ~100x the call: only a released GIL lets the other in
-    try:
-        # The other thread needs the OS to schedule it while the call works: on a loaded
-        # machine that can miss once, so a few tries (a count, not a time) decide.
-        tries = []
-        for _ in range(20):
-            seen, out = _other_thread_ran_during(call)
-            tries.append(seen)
-            assert out == [[1]] * k
-            if seen:
-                break
-    finally:
-        sys.setswitchinterval(interval)
-    assert any(tries), f"no other Python thread ran during {how} in {len(tries)} calls"
+    assert_releases_gil(call, [[1]] * k, how)
 
 
 def _reference_backoff(tree: SuffixTree, context: list[int], b: int, min_prob: float,

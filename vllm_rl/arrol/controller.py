@@ -31,6 +31,14 @@ Beyond the paper, the head can read the sample's **trace features** at ``l_detec
 (``inputs="trace"`` or ``"both"``, the default; see :class:`~vllm_rl.arrol.head.QualityHead`):
 on a small model the hidden state alone may not rank (``vllm-rl bench arrol``).
 
+A head that reads the hidden state (``inputs="hidden"`` or ``"both"``) learns from
+records that hold it in-process (:meth:`RolloutInfo.hidden_state`): the engine keeps the
+vectors on its workers and the records name them (``hidden_id``); the caller takes them
+before :meth:`ArrolFeedback.observe` with the ``arrol_hidden`` RPC
+(:func:`vllm_rl.outcome.with_hidden`; ``vllm_rl.LLM.generate``, the TRL rollout, verl's
+trainer and OpenRLHF's actor do it).  A record that names one it does not hold is left
+out and counted (``arrol/hidden_missing``).
+
 :attr:`ArrolFeedback.metrics` holds the step's figures (held-out AUC, gate, labels).
 """
 from __future__ import annotations
@@ -92,14 +100,20 @@ class ArrolFeedback:
         self.version = 0
         self.gate_open = False
         self.metrics: dict[str, float] = {}
+        self._missing = 0                                 # this step's records whose hidden
+                                                          # state was named, not taken
 
     # ------------------------------------------------------------------ labels
     def _rows(self, infos, rewards):
         uses_hidden = self.inputs != "trace"
+        self._missing = 0
         for info, r in zip(infos, rewards):
             if info is None or info.reason not in LABELLED or info.score is None:
                 continue
-            if info.trace is None or (uses_hidden and info.hidden is None):
+            if uses_hidden and info.hidden_state() is None:
+                self._missing += info.hidden_id is not None   # named, never taken
+                continue
+            if info.trace is None:
                 continue
             yield info, (1 if float(r) > 0 else 0), label_weight(info, self.max_weight)
 
@@ -127,6 +141,7 @@ class ArrolFeedback:
         self.version += 1
         labels = [y for _, _, y, _ in self.buffer]
         self.metrics = {"arrol/labels": float(len(rows)), "arrol/buffer": float(len(labels)),
+                        "arrol/hidden_missing": float(self._missing),
                         "arrol/heldout_auc": heldout if heldout is not None else float("nan"),
                         "arrol/gate_open": float(self.gate_open),
                         "arrol/cold_start": float(cold),

@@ -1,5 +1,5 @@
 """The quality head on the worker: score each sample in the step that computes its
-``l_detect``-th token, and decide its survival (Alg. 1 l.15-19; App. A.4).
+``l_detect``-th token, and decide its survival (Alg. 1 l.15-19; App. A.4, Eq. 1-2).
 
 Which row: a sample with ``arrol.l_detect = L`` and a prompt of ``n`` tokens is scored
 from the final-norm hidden state at position ``P = n + L - 1``, its ``L``-th generated
@@ -12,42 +12,73 @@ sample whose ``L``-th token ends it is never computed at ``P`` and is not scored
 nothing is left to prune.
 
 Trace features: until a sample is scored, every step also reads the raw logits rows of
-its new tokens (before the sampler divides them by the temperature in place) and adds
-each kept token's log-probability and its distribution's entropy to the sample's running
-sums; at ``l_detect`` the head may read their mean / minimum / mean entropy
-(:data:`~vllm_rl.arrol.rule.TRACE_FEATURES`) beside the hidden state, and the
-verdict carries them to the record.  A token counts once it is the sample's own: a draft
-only if accepted.  With vLLM's async output the sampled ids stay on the device; their
-log-probabilities are gathered there, copied without blocking and added at the next step.
+its new tokens (before the sampler divides them by the temperature in place): one fused
+pass per row gives its log-normaliser and entropy (:func:`vllm_rl.kernels.logsumexp_entropy`,
+no ``[rows, V]`` log-softmax), and after sampling each kept token's log-probability
+(``z_tok - lse``, one gather) and its distribution's entropy are added to the sample's
+running sums, which stay on the device (a ``[3, slots]`` tensor: Σ log p, min log p,
+Σ entropy; the token count is known on the host).  At ``l_detect`` the head may read
+their mean / minimum / mean entropy (:data:`~vllm_rl.arrol.rule.TRACE_FEATURES`) beside
+the hidden state, and the verdict carries them to the record.  A token counts once it is
+the sample's own: a draft only if accepted.  (With vLLM's async output and drafts, only
+each step's first token counts: acceptance is known on the host only after the step.)
 
 What: every scored row of a step goes through the head in one call
 (:func:`vllm_rl.kernels.score_rows`: Triton on CUDA, PyTorch on the CPU); with the
-calibration pushed by the trainer the score becomes q (Eq. 1 and Bayes) and p (Eq. 2),
-and the sample's coin (its seed and prompt, :func:`vllm_rl.arrol.rule.prune_coin`) prunes
-it with probability 1 - p.  Without a calibration (cold start) it is scored, not pruned.
+calibration pushed by the trainer the score becomes q (App. A.4: Eq. 1 and Bayes) and p
+(Eq. 2), and the sample's coin (its seed and prompt, :func:`vllm_rl.arrol.rule.prune_coin`)
+prunes it with probability 1 - p.  Without a calibration (cold start) it is scored, not
+pruned.
+
+No host–device synchronisation is added to the step.  Every crossing goes through
+:class:`Transfer`: index tensors built on the host go up from pinned memory without
+blocking; the per-row results (score and trace features, ``[R, 4]``, and the hidden
+rows of ``return_hidden`` samples) come down without blocking into pinned memory in
+:meth:`HeadScorer.plan`, before vLLM samples, and are read only after a point where vLLM
+itself has waited for the device in that step:
+
+* synchronous scheduling: vLLM's ``_bookkeeping_sync`` turns the sampled tokens into
+  lists (``_to_list``: an event recorded after our copies on the same stream, then
+  synchronised; with drafts ``RejectionSampler.parse_output`` copies them to the host):
+  the verdicts are decided in :meth:`HeadScorer.finish`;
+* async scheduling: ``AsyncGPUModelRunnerOutput.get_output`` waits on its copy event,
+  recorded on a stream that first waited for the compute stream, so after our copies:
+  the scorer wraps the output's ``get_output`` and decides there, on the
+  ``ModelRunnerOutput`` it returns.
+
+The step's own event (:meth:`Transfer.ready`) is waited on at that point too; it has
+completed already, and would only block if a future vLLM stopped synchronising there.
 
 Where the verdicts go: ``ModelRunnerOutput.vllm_rl_arrol`` ``{request id: verdict
 tuple}``, read by the scheduler in the same step (:mod:`vllm_rl.engine.scheduler`).
 The output object crosses vLLM's multiprocess executor by pickling, attribute included.
+A hidden state (``return_hidden``) does not travel with it: it stays in the scorer's
+:class:`~vllm_rl.arrol.hidden.HiddenStore` under the request id, the verdict says so
+(``hidden=True``), and the client takes it with the ``arrol_hidden`` RPC
+(:meth:`HeadScorer.take_hidden`).
 """
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import math
-from dataclasses import dataclass, field, replace
+from collections import deque
+from dataclasses import dataclass, replace
 from time import perf_counter_ns
 from typing import Any
 
+import numpy as np
 import torch
 
-from vllm_rl.arrol.config import ArrolConfig
-from vllm_rl.cost.host import WORKER as HOST     # the scorer's host time, for the trace
 from vllm_rl.arrol import rule
-from vllm_rl.flags import ArrolFlags, read_or_warn
+from vllm_rl.arrol.config import ArrolConfig
+from vllm_rl.arrol.hidden import HiddenStore
+from vllm_rl.cost.host import WORKER as HOST     # the scorer's host time, for the trace
+from vllm_rl.flags import KEY, ArrolFlags, read_or_warn
 
 OUTPUT_ATTR = "vllm_rl_arrol"
+SLOTS = 256                  # the trace accumulator's first capacity (it doubles)
+FLAG_CACHE = 4096            # parsed flags kept by the identity of their extra_args
 logger = logging.getLogger(__name__)
 
 
@@ -66,68 +97,95 @@ class Head:
     w1f: torch.Tensor | None = None      # [D, F]: a head that reads the trace features
 
 
-@dataclass
-class Candidate:
-    request_id: str
-    owner: Any                 # the runner's CachedRequestState (request ids can be reused)
-    flags: ArrolFlags
-    needs_accept: int          # 0: a real token; j > 0: the j-th draft, real if accepted
-    score: float
-    hidden: torch.Tensor | None
-    coin: float
-    trace: tuple[float, ...] | None = None
+class Transfer:
+    """The scorer's only crossings between host and device.
+
+    :meth:`up`: host integers to the device, from pinned memory, without blocking;
+    :meth:`down`: a device tensor to a pinned host tensor, without blocking (PyTorch pins
+    the destination of a non-blocking CUDA-to-CPU copy); :meth:`ready`: an event after a
+    step's copies; :meth:`wait`: called only after vLLM has synchronised in that step.
+    Off CUDA (vLLM's CPU platform) the device is the host: ``up`` builds the tensor,
+    ``down`` is the identity, there are no events."""
+
+    def __init__(self, device) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+
+    def up(self, *parts) -> list[torch.Tensor]:
+        """One int64 device tensor per part (lists or arrays of ints), all sent in one
+        non-blocking copy from pinned memory."""
+        arrays = [np.asarray(p, dtype=np.int64) for p in parts]
+        sizes = [a.shape[0] for a in arrays]
+        host = torch.from_numpy(np.concatenate(arrays) if len(arrays) > 1 else arrays[0])
+        if self.cuda:
+            dev = host.pin_memory().to(self.device, non_blocking=True)
+        else:
+            dev = host.to(self.device)
+        return list(dev.split(sizes)) if len(parts) > 1 else [dev]
+
+    def down(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to("cpu", non_blocking=True) if self.cuda else t
+
+    def ready(self):
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def wait(self, event) -> None:
+        if event is not None:
+            event.synchronize()
 
 
-@dataclass
-class Trace:
-    """A sample's running trace sums over its first ``l_detect`` tokens."""
+class _Req:
+    """A sample the scorer still has to score: its flags and its trace slot (its column
+    of the device sums; how many tokens they hold and its ``l_detect`` are the slot's
+    entries of ``HeadScorer._n`` / ``_limit`` on the host)."""
 
-    owner: Any
-    n: int = 0
-    sum_lp: float = 0.0
-    min_lp: float = math.inf
-    sum_ent: float = 0.0
+    __slots__ = ("rid", "owner", "flags", "slot")
 
-    def add(self, lp: float, ent: float) -> None:
-        self.n += 1
-        self.sum_lp += lp
-        self.min_lp = min(self.min_lp, lp)
-        self.sum_ent += ent
-
-    def features(self, extra: list[tuple[float, float]] = ()) -> tuple[float, ...]:
-        """TRACE_FEATURES with ``extra`` (lp, entropy) pairs appended; zeros if empty."""
-        n, s, m, e = self.n, self.sum_lp, self.min_lp, self.sum_ent
-        for lp, ent in extra:
-            n, s, m, e = n + 1, s + lp, min(m, lp), e + ent
-        return (s / n, m, e / n) if n else (0.0, 0.0, 0.0)
+    def __init__(self, rid: str, owner: Any, flags: ArrolFlags, slot: int) -> None:
+        self.rid, self.owner, self.flags, self.slot = rid, owner, flags, slot
 
 
-@dataclass
-class Tracked:
-    """A sample whose tokens of this step feed its trace: its batch index, its first
-    logits row in ``Plan.logprobs`` and how many rows it has there."""
+class _Cand:
+    """A row scored this step; ``needs``: 0 for a real token, j > 0 for the j-th draft
+    (kept only if accepted); ``hidden``: its row in ``Plan.hidden`` (-1: none)."""
 
-    index: int
-    request_id: str
-    trace: Trace
-    row: int
-    rows: int
-    limit: int                 # l_detect: tokens past it are not counted
+    __slots__ = ("rid", "owner", "flags", "needs", "hidden")
+
+    def __init__(self, rid, owner, flags, needs, hidden) -> None:
+        self.rid, self.owner, self.flags, self.needs, self.hidden = (
+            rid, owner, flags, needs, hidden)
 
 
-@dataclass
 class Plan:
-    head: Head
-    rows: list[Candidate]
-    tracked: list[Tracked] = field(default_factory=list)
-    logprobs: torch.Tensor | None = None     # [rows, V] log-softmax of the tracked rows
-    entropy: torch.Tensor | None = None      # [rows]
+    """One step's work: the scored rows (``values``: their score and trace features on
+    the host once the step has synchronised, ``hidden``: the hidden rows asked for) and
+    the tracked samples (``t_slot``, ``t_index``: their trace slots and batch indices,
+    ``t_k``, ``t_count``: their first row and row count among the tracked logits rows;
+    ``src``: a copy of those rows' raw logits [K, V]; ``lse``, ``ent``: [K])."""
+
+    __slots__ = ("head", "rows", "t_slot", "t_index", "t_k", "t_count", "src", "lse",
+                 "ent", "values", "hidden", "ready")
+
+    def __init__(self, head: Head) -> None:
+        self.head = head
+        self.rows: list[_Cand] = []
+        self.t_slot = self.t_index = self.t_k = self.t_count = _EMPTY
+        self.src = self.lse = self.ent = None
+        self.values = self.hidden = self.ready = None
+
+    @property
+    def tracked(self) -> int:
+        return len(self.t_slot)
+
+    def __bool__(self) -> bool:
+        return bool(self.rows) or len(self.t_slot) > 0
 
 
-def encode_hidden(h: torch.Tensor) -> str:
-    """Base64 of the float32 little-endian vector (how a hidden state travels)."""
-    return base64.b64encode(h.detach().float().cpu().contiguous().numpy().astype("<f4")
-                            .tobytes()).decode("ascii")
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 def _tensor(x: Any, shape: tuple[int, ...], name: str, device, dtype=torch.float32):
@@ -166,17 +224,40 @@ def scorer_of(runner) -> "HeadScorer | None":
     return runner.vllm_rl_arrol
 
 
-class HeadScorer:
-    """Per model runner: the current :class:`Head` and which requests were scored."""
+def read_flags(owner: Any, rid: str) -> ArrolFlags | None:
+    """A request's ARRoL flags from the canonical form the front end wrote (in a DARTS
+    group κ applies to the redundant M' − M: :func:`vllm_rl.arrol.rule.composed_kappa`);
+    None without ARRoL, or when the flags do not read (logged once)."""
+    extra = getattr(getattr(owner, "sampling_params", None), "extra_args", None)
+    parsed = read_or_warn(extra, rid, logger) if extra else None
+    if parsed is None or parsed.arrol is None:
+        return None
+    flags, g = parsed.arrol, parsed.group
+    if parsed.darts is not None and g is not None:
+        flags = replace(flags, kappa=rule.composed_kappa(flags.kappa, g.size, g.redundant))
+    return flags
 
-    def __init__(self, cfg: ArrolConfig, hidden_size: int, device) -> None:
+
+class HeadScorer:
+    """Per model runner: the current :class:`Head`, the samples still to score with
+    their trace sums on the device, and the hidden states kept for the client."""
+
+    def __init__(self, cfg: ArrolConfig, hidden_size: int, device,
+                 hidden_store: HiddenStore | None = None) -> None:
         self.hidden_size = hidden_size
         self.device = device
         self.cfg = cfg
-        self._scored: dict[str, Any] = {}          # request id -> owner it was scored as
-        self._flags: dict[str, tuple[Any, ArrolFlags | None]] = {}
-        self._traces: dict[str, Trace] = {}        # not yet scored: running trace sums
-        self._pending: list[tuple] = []            # async output: trace terms in flight
+        self.xfer = Transfer(device)
+        self.hidden_store = hidden_store if hidden_store is not None else HiddenStore()
+        self._reqs: dict[str, _Req] = {}           # request id -> sample still to score
+        self._settled: deque[str] = deque()        # scored at a draft (any thread)
+        self._free: list[int] = []                 # trace slots free
+        self._reset: list[int] = []                # trace slots to zero before use
+        self._n = np.zeros(0, dtype=np.int64)      # per slot: tokens in its trace sums
+        self._limit = np.zeros(0, dtype=np.int64)  # per slot: l_detect
+        self._flag_cache: dict[int, tuple[Any, ArrolFlags | None]] = {}
+        with torch.inference_mode():
+            self._acc = torch.empty((3, 0), dtype=torch.float32, device=device)
         self.scored_total = 0
         self.pruned_total = 0
         self.scored_at_draft = 0            # scored at an accepted draft position (DAS)
@@ -192,7 +273,7 @@ class HeadScorer:
 
     # ------------------------------------------------------------------ updates
     def _build(self, state: dict, version: int) -> Head:
-        """Checked weights on the runner's device, no calibration."""
+        """Checked weights on the runner's device, no calibration (between steps)."""
         from vllm_rl.arrol.head import check_head_state
 
         check_head_state(state, hidden_size=self.hidden_size)
@@ -233,212 +314,353 @@ class HeadScorer:
                 "calibrated": h.calibration is not None,
                 "calibration": h.calibration.to_dict() if h.calibration else None,
                 "scored": self.scored_total, "pruned": self.pruned_total,
-                "scored_at_draft": self.scored_at_draft}
+                "scored_at_draft": self.scored_at_draft,
+                "hidden_kept": len(self.hidden_store),
+                "hidden_dropped": self.hidden_store.dropped}
+
+    def take_hidden(self, request_ids) -> dict[str, np.ndarray]:
+        """Remove and return the hidden states kept for these request ids (the records'
+        ``hidden_id``): request id -> float32 vector [hidden_size]; ids with none kept
+        (not ``return_hidden``, not scored, already taken, or dropped past the store's
+        capacity) are absent."""
+        return self.hidden_store.take(request_ids)
+
+    # ------------------------------------------------------------------ requests
+    def _slot(self, limit: int) -> int:
+        if not self._free:
+            cap = self._acc.shape[1]
+            new = max(SLOTS, 2 * cap)
+            with torch.inference_mode():
+                acc = torch.empty((3, new), dtype=torch.float32, device=self.device)
+                acc[:, :cap] = self._acc
+            self._acc = acc
+            self._n = np.concatenate([self._n, np.zeros(new - cap, dtype=np.int64)])
+            self._limit = np.concatenate([self._limit, np.zeros(new - cap, dtype=np.int64)])
+            self._free.extend(range(new - 1, cap - 1, -1))
+        slot = self._free.pop()
+        self._reset.append(slot)
+        self._n[slot] = 0
+        self._limit[slot] = limit
+        return slot
+
+    def _release(self, st: _Req) -> None:
+        if st.slot >= 0:
+            self._free.append(st.slot)
+            st.slot = -1
+
+    def _drop(self, rid: str) -> None:
+        st = self._reqs.pop(rid, None)
+        if st is not None:
+            self._release(st)
+
+    def _admit(self, runner, so) -> None:
+        """The step's new requests (vLLM makes a runner state for a request only there)
+        and its finished ones; a request id that comes back is a new sample."""
+        for rid in getattr(so, "finished_req_ids", ()) or ():
+            self._drop(rid)
+        for new in getattr(so, "scheduled_new_reqs", ()) or ():
+            rid = new.req_id
+            self._drop(rid)
+            owner = runner.requests.get(rid)
+            flags = self._flags_of(owner, rid) if owner is not None else None
+            if flags is not None:
+                self._reqs[rid] = _Req(rid, owner, flags, self._slot(flags.l_detect))
+        if len(self._reqs) > 4 * runner.input_batch.num_reqs + 256:
+            live = runner.requests
+            for rid in [r for r, st in self._reqs.items() if live.get(r) is not st.owner]:
+                self._drop(rid)
+
+    def _flags_of(self, owner: Any, rid: str) -> ArrolFlags | None:
+        """:func:`read_flags`, once per ``extra_args`` object (the samples of an ``n > 1``
+        request share their parent's); a canonical section without ARRoL is not read."""
+        extra = getattr(getattr(owner, "sampling_params", None), "extra_args", None)
+        if not extra:
+            return None
+        section = extra.get(KEY)
+        if type(section) is dict and "arrol" not in section and len(extra) == 1:
+            return None
+        hit = self._flag_cache.get(id(extra))
+        if hit is not None and hit[0] is extra:
+            return hit[1]
+        flags = read_flags(owner, rid)
+        if len(self._flag_cache) >= FLAG_CACHE:
+            self._flag_cache.pop(next(iter(self._flag_cache)))
+        self._flag_cache[id(extra)] = (extra, flags)    # held: its id is not reused
+        return flags
+
+    def _settle(self) -> None:
+        """Samples scored at an accepted draft leave (decided after the step)."""
+        while self._settled:
+            self._drop(self._settled.popleft())
 
     # ------------------------------------------------------------------ per step
-    def _flags_of(self, runner, rid: str) -> tuple[Any, ArrolFlags | None]:
-        owner = runner.requests.get(rid)
-        cached = self._flags.get(rid)
-        if cached is not None and cached[0] is owner:
-            return cached
-        flags = None
-        extra = getattr(getattr(owner, "sampling_params", None), "extra_args", None)
-        # once per request: the canonical form the front end wrote; flags that do not
-        # read (the front end was bypassed) are logged once and the sample is not scored
-        parsed = read_or_warn(extra, rid, logger) if extra else None
-        if parsed is not None and parsed.arrol is not None:
-            flags, g = parsed.arrol, parsed.group
-            if parsed.darts is not None and g is not None:
-                # composition rule: in a DARTS group κ applies to the redundant M' − M
-                flags = replace(flags, kappa=rule.composed_kappa(flags.kappa, g.size,
-                                                                 g.redundant))
-        self._flags[rid] = (owner, flags)
-        return owner, flags
-
     def plan(self, runner, state) -> Plan | None:
         """Before sampling: the rows whose ``l_detect``-th token this step computes,
-        scored in one call, and the log-softmax of the logits rows whose tokens feed the
-        traces of samples not yet scored.  Acceptance of draft rows is settled in
-        :meth:`finish`.  Its host time goes to the step trace (:data:`vllm_rl.cost.host.WORKER`)."""
+        scored in one call with their trace features, and the log-normaliser and entropy
+        of the logits rows whose tokens feed the traces of samples not yet scored; the
+        results start to the host without blocking.  Acceptance of draft rows is settled
+        after sampling.  Its host time goes to the step trace
+        (:data:`vllm_rl.cost.host.WORKER`)."""
         t0 = perf_counter_ns()
         try:
-            return self._plan(runner, state)
+            with torch.inference_mode():
+                return self._plan(runner, state)
         finally:
             HOST.scorer_ns += perf_counter_ns() - t0
 
     def _plan(self, runner, state) -> Plan | None:
-        self._drain_pending()
+        self._settle()
         so = state.scheduler_output
-        batch = runner.input_batch
-        n_reqs = batch.num_reqs
-        if len(self._flags) > 4 * n_reqs + 256:
-            self._forget(runner)
-        spec = so.scheduled_spec_decode_tokens or {}
-        meta = state.spec_decode_metadata
-        per_req = [1] * n_reqs if meta is None else [d + 1 for d in meta.num_draft_tokens]
-        found: list[tuple[int, str, Any, ArrolFlags, int, Trace, int]] = []
-        tracked: list[Tracked] = []
-        first_row, lrows = 0, []
-        for i, rid in enumerate(batch.req_ids[:n_reqs]):
-            start, first_row = first_row, first_row + (per_req[i] if i < len(per_req) else 1)
-            owner, flags = self._flags_of(runner, rid)
-            if flags is None or self._scored.get(rid) is owner:
-                continue
-            trace = self._traces.get(rid)
-            if trace is None or trace.owner is not owner:
-                trace = self._traces[rid] = Trace(owner)
-            k = -1                       # its first row in the concatenated logprobs
-            if trace.n < flags.l_detect and state.logits is not None:
-                k = len(lrows)
-                rows = per_req[i] if i < len(per_req) else 1
-                lrows.extend(range(start, start + rows))
-                tracked.append(Tracked(i, rid, trace, k, rows, flags.l_detect))
-            n = so.num_scheduled_tokens.get(rid, 0)
-            off = int(batch.num_prompt_tokens[i]) + flags.l_detect - 1 \
-                - int(batch.num_computed_tokens_cpu[i])
-            if not 0 <= off < n:
-                continue
-            real = n - len(spec.get(rid, ()))
-            found.append((int(runner.query_start_loc.np[i]) + off, rid, owner, flags,
-                          max(0, off - real + 1), trace, k))
-        if not found and not tracked:
+        self._admit(runner, so)
+        reqs = self._reqs
+        if not reqs:
             return None
-        logprobs = entropy = None
-        if lrows:
-            idx = torch.tensor(lrows, dtype=torch.int64, device=state.logits.device)
-            logprobs = torch.log_softmax(state.logits.index_select(0, idx).float(), dim=-1)
-            entropy = -(logprobs.exp() * logprobs).sum(-1)
-        plan = Plan(self.head, [], tracked, logprobs, entropy)
-        if found:
-            plan.rows = self._score(plan, state, spec, found)
+        get = runner.input_batch.req_id_to_index.get
+        sts, idx, slots = [], [], []
+        for st in reqs.values():
+            i = get(st.rid)
+            if i is not None:
+                sts.append(st)
+                idx.append(i)
+                slots.append(st.slot)
+        if not sts:
+            return None
+        batch = runner.input_batch
+        I, S = np.array(idx), np.array(slots)
+        lim, have = self._limit[S], self._n[S]
+        qsl = runner.query_start_loc.np
+        start = qsl[I]
+        n_sched = qsl[I + 1] - start                   # this step's query of each sample
+        off = batch.num_prompt_tokens[I] + lim - 1 - batch.num_computed_tokens_cpu[I]
+        found = np.flatnonzero((off >= 0) & (off < n_sched))
+        meta = state.spec_decode_metadata
+        logits = state.logits
+        plan = Plan(self.head)
+        if logits is not None:
+            t = np.flatnonzero(have < lim)
+            if meta is None:                           # one logits row per sample
+                first, count = I[t], np.ones(len(t), dtype=np.int64)
+            else:                                      # 1 + its drafts
+                nd = np.asarray(meta.num_draft_tokens, dtype=np.int64)
+                rows0 = np.cumsum(nd + 1) - (nd + 1)
+                first = rows0[I[t]]
+                count = np.minimum(nd[I[t]] + 1, (lim - have)[t])
+            k = np.cumsum(count) - count
+            plan.t_slot, plan.t_index, plan.t_k, plan.t_count = S[t], I[t], k, count
+            lrows = np.repeat(first - k, count) + np.arange(int(count.sum()))
+            tracked_k = np.full(len(sts), -1, dtype=np.int64)
+            tracked_k[t] = k
+        else:
+            lrows = _EMPTY
+        if not len(found) and not plan.tracked:
+            return None
+        # the scored rows: their place, slot, trace count; the drafts before them
+        spec = so.scheduled_spec_decode_tokens or {}
+        crow = (start + off)[found]
+        cslot = S[found]
+        cn = have[found].copy()
+        hrow, xc, xk, xt = [], [], [], []
+        for j, c in enumerate(found.tolist()):
+            st = sts[c]
+            needs = 0
+            drafts = spec.get(st.rid) if spec else None
+            if drafts:
+                needs = max(0, int(off[c]) - (int(n_sched[c]) - len(drafts)) + 1)
+            hidden = -1
+            if st.flags.return_hidden:
+                hidden = len(hrow)
+                hrow.append(int(crow[j]))
+            plan.rows.append(_Cand(st.rid, st.owner, st.flags, needs, hidden))
+            if needs and logits is not None and tracked_k[c] >= 0:
+                extra = min(needs, int(plan.t_count[np.searchsorted(plan.t_k, tracked_k[c])]))
+                k0 = int(tracked_k[c])
+                xc.extend([j] * extra)
+                xk.extend(range(k0, k0 + extra))
+                xt.extend(max(0, int(tok)) for tok in drafts[:extra])
+                cn[j] += extra
+            if not needs:            # a real token: scored now, whatever sampling brings
+                del reqs[st.rid]
+                self._release(st)    # (its tracked rows, if any, add to a free slot)
+        resets, self._reset = self._reset, []
+        (reset_d, lrows_d, crow_d, cslot_d, cn_d, hrow_d, xc_d, xk_d,
+         xt_d) = self.xfer.up(resets, lrows, crow, cslot, cn, hrow, xc, xk, xt)
+        acc = self._acc
+        if resets:
+            acc.index_fill_(1, reset_d, 0.0)
+            acc[1].index_fill_(0, reset_d, math.inf)
+        if len(lrows):
+            from vllm_rl.kernels import logsumexp_entropy
+
+            # vLLM's sampler may work in place on the logits (temperature, penalties,
+            # masks): the tracked rows are kept as they are now (their dtype), for the
+            # sampled tokens' gather after it
+            plan.src = logits.index_select(0, lrows_d)
+            plan.lse, plan.ent = logsumexp_entropy(plan.src)
+        if len(found):
+            self._score(plan, state, crow_d, cslot_d, cn_d, hrow_d, xc_d, xk_d, xt_d)
         return plan
 
-    def _score(self, plan: Plan, state, spec, found) -> list[Candidate]:
-        """Score the candidate rows in one call (with each one's trace features: the
-        tokens before this step, plus this step's drafts up to the scored one)."""
+    def _token_logprob(self, plan: Plan, k: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        """log p(tok) = z_tok − lse of tracked rows ``k`` (raw logits, before temperature)."""
+        return plan.src[k, tok].float() - plan.lse.index_select(0, k)
+
+    def _score(self, plan: Plan, state, crow, cslot, cn, hrow, xc, xk, xt) -> None:
+        """Score the rows in one call (with each one's trace features: the tokens before
+        this step, plus this step's drafts up to the scored one); the score and features
+        ([R, 4]) and the hidden rows asked for start to the host without blocking."""
         head = plan.head
-        traces = []
-        for _, rid, _, _, needs, trace, k in found:
-            extra: list[tuple[float, float]] = []
-            if needs and k >= 0:
-                drafts = list(spec.get(rid, ()))[:needs]
-                rows = list(range(k, k + len(drafts)))
-                lps = plan.logprobs[rows, torch.tensor(drafts).clamp_min(0).to(
-                    plan.logprobs.device)].tolist()
-                extra = list(zip(lps, plan.entropy[rows].tolist()))
-            traces.append(trace.features(extra))
+        s, m, e = self._acc.index_select(1, cslot).unbind(0)
+        if xc.numel():
+            lp = self._token_logprob(plan, xk, xt)
+            s = s.index_add(0, xc, lp)
+            e = e.index_add(0, xc, plan.ent.index_select(0, xk))
+            m = m.scatter_reduce(0, xc, lp, "amin")
+        n = cn.float()
+        mean = 1.0 / n.clamp_min(1.0)
+        feats = torch.stack((s * mean, m, e * mean), 1).masked_fill((n == 0).unsqueeze(1), 0.0)
         from vllm_rl.kernels import score_rows
 
-        rows = torch.tensor([f[0] for f in found], dtype=torch.int64,
-                            device=state.hidden_states.device)
         b1 = head.b1
         if head.w1f is not None:
-            feats = torch.tensor(traces, dtype=torch.float32, device=head.w1f.device)
             b1 = head.b1 + feats @ head.w1f.t()          # [R, D]: W1f f folded into b1
-        scores = score_rows(state.hidden_states, rows, head.w1, b1, head.w2, head.b2,
-                            head.activation).tolist()
-        want = [j for j, f in enumerate(found) if f[3].return_hidden]
-        hidden = {}
-        if want:
-            picked = state.hidden_states[rows[want]].float().cpu()
-            hidden = {j: picked[k] for k, j in enumerate(want)}
-        out = []
-        for j, (_, rid, owner, flags, needs, _, _) in enumerate(found):
-            params = owner.sampling_params
-            coin = rule.prune_coin(params.seed, owner.prompt_token_ids, rid)
-            out.append(Candidate(rid, owner, flags, needs, float(scores[j]), hidden.get(j),
-                                 coin, traces[j]))
-        return out
+        scores = score_rows(state.hidden_states, crow, head.w1, b1, head.w2, head.b2,
+                            head.activation)
+        plan.values = self.xfer.down(torch.cat((scores.unsqueeze(1), feats), 1))
+        if hrow.numel():
+            plan.hidden = self.xfer.down(state.hidden_states.index_select(0, hrow))
+        plan.ready = self.xfer.ready()
 
     def finish(self, plan: Plan, out) -> None:
-        """After sampling: add this step's kept tokens to the traces, keep the candidate
-        rows whose token is the sample's own, decide, and attach the verdicts to the
-        step's output.  Its host time goes to the step trace (:data:`vllm_rl.cost.host.WORKER`)."""
+        """After sampling: add this step's kept tokens to the traces (on the device), and
+        decide the scored rows once vLLM has synchronised: here with synchronous output,
+        in the output's ``get_output`` with async output.  Its host time goes to the
+        step trace (:data:`vllm_rl.cost.host.WORKER`)."""
         t0 = perf_counter_ns()
         try:
-            self._finish(plan, out)
+            with torch.inference_mode():
+                self._finish(plan, out)
         finally:
             HOST.scorer_ns += perf_counter_ns() - t0
 
     def _finish(self, plan: Plan, out) -> None:
         mro = getattr(out, "_model_runner_output", out)
-        sampled = getattr(mro, "sampled_token_ids", None)
-        index = getattr(mro, "req_id_to_index", None) or {}
-        if plan.tracked:
-            if out is mro:
-                self._add_tokens(plan, sampled, index)
-            else:
+        if out is mro:           # synchronous: vLLM's _bookkeeping_sync has waited
+            if plan.tracked:
+                self._add_tokens(plan, mro.sampled_token_ids)
+            if plan.rows:
+                self._decide(plan, mro)
+            self._settle()
+        else:
+            if plan.tracked:
                 self._add_tokens_async(plan, out)
-        verdicts = {}
-        for c in plan.rows:
-            if c.needs_accept:
-                i = index.get(c.request_id)
-                if out is not mro or i is None or not sampled or i >= len(sampled):
-                    continue          # async output: acceptance unknown here (not a DAS engine)
-                if len(sampled[i]) - 1 < c.needs_accept:
-                    continue          # that draft was rejected: the real token comes next step
-            v = rule.decide(c.score, plan.head.calibration, c.flags, c.coin)
-            self._scored[c.request_id] = c.owner
-            self._traces.pop(c.request_id, None)
-            self.scored_total += 1
-            self.scored_at_draft += c.needs_accept > 0
-            self.pruned_total += bool(v.pruned)
-            verdicts[c.request_id] = rule.ArrolVerdict(
-                v.score, v.q, v.p, v.pruned, plan.head.version,
-                encode_hidden(c.hidden) if c.hidden is not None else None, c.trace)
-        if verdicts:
-            setattr(mro, OUTPUT_ATTR, verdicts)
+            if plan.rows:
+                self._defer(plan, out)
+        plan.src = plan.lse = plan.ent = None
+        plan.t_slot = plan.t_index = plan.t_k = plan.t_count = _EMPTY
 
-    def _add_tokens(self, plan: Plan, sampled, index) -> None:
-        """This step's kept tokens of each tracked sample: token k came from its k-th
-        logits row (a draft accepted, or the bonus / plain sampled token)."""
-        rows, toks, owners = [], [], []
-        for t in plan.tracked:
-            i = index.get(t.request_id)
-            if i is None or not sampled or i >= len(sampled):
-                continue
-            room = t.limit - t.trace.n
-            for k, tok in enumerate(list(sampled[i])[:min(t.rows, max(room, 0))]):
-                rows.append(t.row + k)
-                toks.append(int(tok))
-                owners.append(t.trace)
-        if rows:
-            r = torch.tensor(rows, device=plan.logprobs.device)
-            lps = plan.logprobs[r, torch.tensor(toks, device=r.device)].tolist()
-            for trace, lp, ent in zip(owners, lps, plan.entropy[r].tolist()):
-                trace.add(lp, ent)
+    def _add_tokens(self, plan: Plan, sampled) -> None:
+        """This step's kept tokens (host lists, after vLLM's sync): token k of a tracked
+        sample came from its k-th logits row (a draft accepted, or the bonus / plain
+        sampled token)."""
+        if not sampled:
+            return
+        size = len(sampled)
+        if int(plan.t_count.max()) == 1:               # one row each: no drafts
+            toks = [(s[0] if (s := sampled[i]) else -1) if i < size else -1
+                    for i in plan.t_index.tolist()]
+            tok = np.array(toks, dtype=np.int64)
+            keep = tok >= 0
+            ks, tok, slots = plan.t_k[keep], tok[keep], plan.t_slot[keep]
+            counts = None
+        else:
+            ks, toks, slots, counts = [], [], [], []
+            for i, k, cnt, slot in zip(plan.t_index.tolist(), plan.t_k.tolist(),
+                                       plan.t_count.tolist(), plan.t_slot.tolist()):
+                got = sampled[i] if i < size else ()
+                c = min(cnt, len(got))
+                counts.append(c)
+                if c > 0:
+                    ks.extend(range(k, k + c))
+                    toks.extend(got[:c])
+                    slots.extend([slot] * c)
+            tok = toks
+        if len(ks):
+            if counts is None:
+                self._n[slots] += 1
+            else:
+                self._n[plan.t_slot] += np.array(counts, dtype=np.int64)
+            k_d, t_d, s_d = self.xfer.up(ks, tok, slots)
+            self._accumulate(plan, k_d, t_d, s_d)
 
     def _add_tokens_async(self, plan: Plan, out) -> None:
-        """Async output (no drafts): the sampled ids are a device tensor; gather their
-        log-probabilities there and copy them without blocking (added next step)."""
+        """Async output: the sampled ids are a device tensor; each tracked sample's first
+        token (its only one without drafts) is gathered there."""
         ids = getattr(out, "_sampled_token_ids", None)
         if ids is None:
             return
-        bad = set(getattr(out, "_invalid_req_indices", ()) or ())
-        keep = [t for t in plan.tracked if t.index not in bad and t.trace.n < t.limit]
-        if not keep:
-            return
-        dev = plan.logprobs.device
-        r = torch.tensor([t.row for t in keep], device=dev)
-        tok = ids[torch.tensor([t.index for t in keep], device=ids.device), 0].to(dev)
-        lp = plan.logprobs[r, tok.clamp_min(0).long()].to("cpu", non_blocking=True)
-        ent = plan.entropy[r].to("cpu", non_blocking=True)
-        event = None
-        if dev.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-        self._pending.append((event, lp, ent, [t.trace for t in keep]))
+        keep = np.ones(len(plan.t_index), dtype=bool)
+        bad = getattr(out, "_invalid_req_indices", None)
+        if bad:
+            keep &= ~np.isin(plan.t_index, np.asarray(bad, dtype=np.int64))
+        ks, rows, slots = plan.t_k[keep], plan.t_index[keep], plan.t_slot[keep]
+        if len(ks):
+            self._n[slots] += 1
+            k_d, i_d, s_d = self.xfer.up(ks, rows, slots)
+            tok = ids.index_select(0, i_d.to(ids.device))[:, 0].long().clamp_min(0)
+            self._accumulate(plan, k_d, tok, s_d)
 
-    def _drain_pending(self) -> None:
-        pending, self._pending = self._pending, []
-        for event, lp, ent, traces in pending:
-            if event is not None:
-                event.synchronize()
-            for trace, a, b in zip(traces, lp.tolist(), ent.tolist()):
-                trace.add(a, b)
+    def _accumulate(self, plan: Plan, k, tok, slots) -> None:
+        lp = self._token_logprob(plan, k, tok)
+        acc = self._acc
+        acc[0].index_add_(0, slots, lp)
+        acc[1].scatter_reduce_(0, slots, lp, "amin")
+        acc[2].index_add_(0, slots, plan.ent.index_select(0, k))
 
-    def _forget(self, runner) -> None:
-        live = runner.requests
-        self._flags = {r: v for r, v in self._flags.items() if r in live}
-        self._scored = {r: v for r, v in self._scored.items() if r in live}
-        self._traces = {r: v for r, v in self._traces.items() if r in live}
+    def _defer(self, plan: Plan, out) -> None:
+        """Async output: decide in its ``get_output``, after it has waited for its copy
+        event (recorded after this step's copies)."""
+        get = out.get_output
+
+        def get_output():
+            mro = get()
+            t0 = perf_counter_ns()
+            try:
+                self._decide(plan, mro)
+            finally:
+                HOST.scorer_ns += perf_counter_ns() - t0
+            return mro
+
+        out.get_output = get_output
+
+    def _decide(self, plan: Plan, mro) -> None:
+        """After vLLM's sync point: keep the rows whose token is the sample's own, decide
+        (Eq. 1-2, the coin), keep the hidden states asked for, attach the verdicts."""
+        self.xfer.wait(plan.ready)               # complete already: vLLM has waited
+        values = plan.values.tolist()
+        sampled = mro.sampled_token_ids
+        index = mro.req_id_to_index or {}
+        head = plan.head
+        cal = head.calibration
+        verdicts = {}
+        for j, c in enumerate(plan.rows):
+            if c.needs:
+                i = index.get(c.rid)
+                if i is None or not sampled or i >= len(sampled) \
+                        or len(sampled[i]) - 1 < c.needs:
+                    continue          # that draft was rejected: the real token comes next step
+                self._settled.append(c.rid)
+            score, *trace = values[j]
+            coin = 0.0 if cal is None else rule.prune_coin(
+                c.owner.sampling_params.seed, c.owner.prompt_token_ids, c.rid)
+            v = rule.decide(score, cal, c.flags, coin)
+            kept = c.hidden >= 0
+            if kept:
+                self.hidden_store.put(c.rid, plan.hidden[c.hidden].to(torch.float32,
+                                                                      copy=True).numpy())
+            self.scored_total += 1
+            self.scored_at_draft += c.needs > 0
+            self.pruned_total += bool(v.pruned)
+            verdicts[c.rid] = rule.ArrolVerdict(v.score, v.q, v.p, v.pruned, head.version,
+                                                kept, tuple(trace))
+        if verdicts:
+            setattr(mro, OUTPUT_ATTR, verdicts)

@@ -1,4 +1,5 @@
-"""ARRoL's head API on the worker (``worker_extension_cls``): ``arrol_update``, ``arrol_info``.
+"""ARRoL's head API on the worker (``worker_extension_cls``): ``arrol_update``,
+``arrol_info``, ``arrol_hidden``.
 
 The head and its calibration live with the model runner (:class:`HeadScorer`); the
 client reaches them with ``collective_rpc``, which vLLM runs between steps, so an
@@ -32,5 +33,17 @@ class ArrolWorkerExtension:
         return self._arrol().update(head, calibration, cold_start, version)
 
     def arrol_info(self) -> dict[str, Any]:
-        """The head's version, shape, calibration, and the samples scored and pruned."""
+        """The head's version, shape, calibration, the samples scored and pruned, and the
+        hidden states kept (``hidden_kept``) and dropped unclaimed (``hidden_dropped``)."""
         return self._arrol().info()
+
+    def arrol_hidden(self, request_ids: list[str]) -> dict[str, bytes]:
+        """Take the hidden states at ``l_detect`` this worker kept for these request ids
+        (``arrol.return_hidden``; the records' ``hidden_id``): request id -> float32
+        little-endian bytes (:func:`vllm_rl.arrol.hidden.hidden_to_wire`: vLLM's engine
+        core returns a utility result through msgpack, which keeps bytes, not numpy
+        arrays; clients read them back with ``hidden_from_wire``); an id with none kept
+        is absent.  Taken once: a second call for the same id returns nothing for it."""
+        from vllm_rl.arrol.hidden import hidden_to_wire
+
+        return hidden_to_wire(self._arrol().take_hidden(request_ids))

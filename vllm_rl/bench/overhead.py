@@ -1,246 +1,128 @@
-"""What vllm_rl costs a request without flags: the RL engine against stock vLLM.
+"""What vllm_rl costs the host, per request per step: the RL engine against stock vLLM.
 
-    vllm-rl bench overhead                         # 5 interleaved repeats, 64 prompts x 8
-    vllm-rl bench overhead --repeats 3 --prompts 32 --profile
+    vllm-rl bench overhead                             # host budgets at 128, 512, 1,024 live
+    vllm-rl bench overhead --live 1024 --repeats 5     # the budget point only
+    vllm-rl bench overhead --live 128 --repeats 1 --workloads flagless,das   # a quick look
+    vllm-rl bench overhead --mode scheduler --live 1024   # the schedulers alone (below)
+    vllm-rl bench overhead --mode throughput [...]     # flagless throughput A/B (below)
 
-Two worker processes each hold one in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-on the embedded model:
+``--mode host`` (the default, :mod:`.overhead_host`) measures the host time of every
+engine step per live request, at several live-sequence counts (``--live``, prompts × n,
+n = 8), for each workload (``--workloads``: flagless, each technique alone, all four,
+with the flags of ``vllm-rl bench step``), on stock vLLM and on the RL engine in the same
+run, each in its own process with one in-process engine and H100 scheduler limits, the
+two alternating:
 
-* ``stock``: ``vllm.LLM`` with vLLM's own scheduler and ``VLLM_PLUGINS=""``, so no
-  vllm_rl patch is applied in its process;
-* ``rl``: ``vllm_rl.LLM`` (``RLScheduler``, async scheduling) with the vllm_rl plugin
-  and every patch applied, ``VLLM_PLUGINS=vllm_rl``.
+* vLLM's schedule+update: stock vLLM's own scheduler class with only the step trace
+  (``TraceMixin``), its ``schedule`` and ``update_from_output`` (and
+  ``update_draft_token_ids``) each timed by one ``perf_counter_ns`` pair;
+* the RL engine's schedule+update: the same calls on the RL scheduler (its hooks
+  included), and the model runner's DAS drafter (tree updates included) and ARRoL
+  scorer (``vllm_rl.cost.host.WORKER``);
 
-Both run the same flagless rollout (same prompts, ``n``, seeds, ``max_tokens``) and must
-produce the same tokens.  The repeats alternate which engine goes first (stock, rl; rl,
-stock; ...) and only one runs at a time.  The figure is the RL engine's throughput
-(generated tokens per second) over stock's, per repeat pair, with its median, quartiles,
-mean and spread and each pair, by wall time and by the worker's CPU time
-(``time.process_time``: all its threads; much less sensitive than wall time to other
-work on a shared machine).  Each engine computes on one OpenMP thread by default
-(``--threads 1``), so its CPU time is work done, not threads spinning at a barrier while
-another process holds the core.  ``--profile`` runs one more rollout on each engine under cProfile
-and lists the functions of vllm_rl and its patches with their cumulative time.
-JSON goes to ``bench-results/overhead-<time>.json``, vLLM's log to
-``bench-results/overhead-vllm-<role>-<engine>.log``.  ``--baseline`` / ``--candidate``
-pick other engines for controls: ``stock-patched`` (vLLM's scheduler with the vllm_rl
-patches applied) and ``stock-async`` (vLLM's ``AsyncScheduler``, RLScheduler's base
-class, which the RL engine keeps on the CPU where vLLM itself turns async scheduling
-off); ``--baseline stock --candidate stock`` is an A/A run (the noise floor).
+all per request-step over the decode steps with the batch at its target size (prefill
+steps apart), medians and min–max over ``--repeats``, beside the issue's budgets:
+flagless within stock's noise, flagged schedule+update ≤ 1.25 × vLLM's, DAS drafting
+≤ 3 µs per request-step; the ARRoL scorer's time per step and per scored row is reported.
+A markdown table on stdout, JSON and a PNG (bars at the largest count) in ``--out``
+(``overhead-<time>.json`` / ``.png``), vLLM's logs in ``--out/overhead-vllm-host-*.log``;
+figures: :mod:`.overhead_budget`.  Host times are noisy on a shared machine: compare
+ratios from the same run, and rerun on a quiet machine for the absolute figures.
+
+``--mode scheduler`` (:mod:`.overhead_sched`) times vLLM's ``Scheduler`` and the RL
+scheduler alone, stepped on hand-built model outputs (no model, no worker) through whole
+rollouts with every early end of each workload: the part of the host time the RL
+scheduler adds to vLLM's, steady to a few percent even on a shared machine.
+
+``--mode throughput`` (:mod:`.overhead_throughput`) is the earlier benchmark: generated
+tokens per second of a flagless rollout on the RL engine over stock's, wall and CPU time,
+optionally under cProfile (``--profile``), with control engines (``--baseline``,
+``--candidate``).
 """
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
-import os
-import statistics
-import time
-from pathlib import Path
+
+from vllm_rl.bench.overhead_host import WORKLOADS
+from vllm_rl.bench.overhead_throughput import ENGINES
+
+# per-mode defaults of the options both modes take
+DEFAULTS = {"host": {"repeats": 3, "max_tokens": 96, "max_model_len": 1024},
+            "scheduler": {"repeats": 3, "max_tokens": 256, "max_model_len": 1024},
+            "throughput": {"repeats": 5, "max_tokens": 256, "max_model_len": 512}}
 
 
-
-# engine kind -> (VLLM_PLUGINS, scheduler_cls for vllm.LLM or "rl" for vllm_rl.LLM)
-ENGINES = {
-    "stock": ("", None),                          # vLLM as shipped, no vllm_rl process-wide
-    "stock-patched": ("vllm_rl", None),           # vLLM's scheduler, vllm_rl patches applied
-    "stock-async": ("", "vllm.v1.core.sched.async_scheduler.AsyncScheduler"),  # RL's base
-    "rl": ("vllm_rl", "rl"),                      # vllm_rl.LLM: RLScheduler + patches
-    # vllm_rl.LLM on RLSyncScheduler (the RL mixin on vLLM's sync Scheduler): what the
-    # CPU platform, which turns async scheduling off, runs for stock vLLM
-    "rl-sync": ("vllm_rl", "rl:vllm_rl.engine.scheduler.RLSyncScheduler"),
-}
-
-
-def _worker(role: str, engine: str, conn, args: dict) -> None:
-    """One engine in this process; runs a rollout per ``"run"`` message."""
-    plugins, scheduler = ENGINES[engine]
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["VLLM_PLUGINS"] = plugins
-    if args["threads"]:
-        os.environ["OMP_NUM_THREADS"] = str(args["threads"])
-    from vllm_rl.bench.logs import vllm_log_to
-
-    vllm_log_to(Path(args["out"]) / f"overhead-vllm-{role}-{engine}.log")
-    import vllm
-    from vllm import SamplingParams
-
-    from vllm_rl.llm import CPU_KV_CACHE_BYTES
-    from vllm_rl.task import MODEL_PATH, heldout_prompts
-
-    common = dict(seed=0, max_model_len=args["max_model_len"], async_scheduling=True,
-                  use_tqdm_on_load=False)
-    if scheduler is None or not scheduler.startswith("rl"):
-        llm = vllm.LLM(str(MODEL_PATH), kv_cache_memory_bytes=CPU_KV_CACHE_BYTES,
-                       scheduler_cls=scheduler, **common)
-    else:
-        from vllm_rl import LLM
-
-        if ":" in scheduler:
-            common["scheduler_cls"] = scheduler.split(":", 1)[1]
-        llm = LLM(MODEL_PATH, **common)
-    from vllm.v1.engine.input_processor import InputProcessor
-
-    patched = bool(getattr(InputProcessor.process_inputs, "_vllm_rl_patched", False))
-    sched_cls = llm.llm_engine.vllm_config.scheduler_config.get_scheduler_cls()
-    sched = f"{sched_cls.__module__}.{sched_cls.__qualname__}"
-    prompts = heldout_prompts(args["prompts"])
-    sp = SamplingParams(n=args["n"], temperature=1.0, max_tokens=args["max_tokens"],
-                        seed=args["seed"])
-    conn.send({"engine": engine, "patched": patched, "scheduler": sched})
-    while True:
-        msg = conn.recv()
-        if msg == "stop":
-            break
-        prof = None
-        if msg == "profile":
-            import cProfile
-
-            prof = cProfile.Profile()
-            prof.enable()
-        t0, c0 = time.perf_counter(), time.process_time()
-        outs = llm.generate(prompts, sp, use_tqdm=False)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        if prof is not None:
-            prof.disable()
-        tokens = [list(c.token_ids) for o in outs for c in o.outputs]
-        result = {"wall_s": wall, "cpu_s": cpu, "tokens": sum(map(len, tokens)),
-                  "digest": hash(tuple(map(tuple, tokens)))}
-        if prof is not None:
-            result["profile"] = _rl_functions(prof)
-            result["functions"] = _all_functions(prof)
-        conn.send(result)
-
-
-def _all_functions(prof) -> dict[str, tuple[int, float]]:
-    """Every function of a profile: calls and own seconds."""
-    import pstats
-
-    return {f"{path}:{line}:{fn}": (nc, tt)
-            for (path, line, fn), (cc, nc, tt, ct, _) in pstats.Stats(prof).stats.items()}
-
-
-def _differences(stock: dict, rl: dict, top: int = 15) -> list[dict]:
-    """The functions whose own time grew most from the stock engine to the RL one."""
-    rows = []
-    for key in set(stock) | set(rl):
-        (n0, t0), (n1, t1) = stock.get(key, (0, 0.0)), rl.get(key, (0, 0.0))
-        rows.append({"function": key.split("site-packages/")[-1].split("/work/")[-1],
-                     "stock_calls": n0, "rl_calls": n1, "stock_own_s": round(t0, 4),
-                     "rl_own_s": round(t1, 4), "extra_s": round(t1 - t0, 4)})
-    rows.sort(key=lambda r: -r["extra_s"])
-    return rows[:top]
-
-
-def _rl_functions(prof, top: int = 25) -> list[dict]:
-    """Cumulative seconds of the vllm_rl functions (package and patches) in a profile."""
-    import pstats
-
-    stats = pstats.Stats(prof)
-    total = sum(v[3] for k, v in stats.stats.items() if k[2] == "generate") or None
-    rows = []
-    for (path, line, fn), (cc, nc, tt, ct, _) in stats.stats.items():
-        if "vllm_rl" in path or "/patches/" in path:
-            rows.append({"function": f"{Path(path).name}:{line}:{fn}", "calls": nc,
-                         "tottime_s": round(tt, 4), "cumtime_s": round(ct, 4)})
-    rows.sort(key=lambda r: -r["cumtime_s"])
-    return [{"generate_s": total}] + rows[:top]
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="vllm-rl bench overhead", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--max-model-len", type=int, default=512)
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="vllm-rl bench overhead",
+                                 description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=("host", "scheduler", "throughput"), default="host",
+                    help="host: µs per request-step vs the budgets (default); scheduler: "
+                         "the schedulers alone on hand-built outputs; throughput: flagless "
+                         "tokens/s A/B")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="interleaved repeats (default: host 3, scheduler 3, throughput 5)")
+    ap.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="default: host 96, throughput 256")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="default: host 1024, throughput 512")
     ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--profile", action="store_true")
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS of each engine (0: torch's default). With one "
                          "compute thread the CPU time is the work done, not spin-waits")
-    ap.add_argument("--baseline", default="stock", choices=ENGINES,
-                    help="the engine compared against (default: stock vLLM, no vllm_rl)")
-    ap.add_argument("--candidate", default="rl", choices=ENGINES,
-                    help="the engine measured (default: vllm_rl.LLM, flagless requests)")
     ap.add_argument("--out", default="bench-results")
-    args = ap.parse_args(argv)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    wargs = {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
-             "max_model_len": args.max_model_len, "seed": args.seed, "out": args.out,
-             "threads": args.threads}
-    ctx = mp.get_context("spawn")
-    workers = {}
-    for role, engine in (("stock", args.baseline), ("rl", args.candidate)):
-        here, there = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(role, engine, there, wargs))
-        proc.start()
-        info = here.recv()
-        print(f"{role} = {engine}: scheduler {info['scheduler']}, vllm_rl patches applied: "
-              f"{info['patched']}", flush=True)
-        workers[role] = (proc, here, info)
-        assert info["patched"] == (ENGINES[engine][0] == "vllm_rl")
+    host = ap.add_argument_group("--mode host")
+    host.add_argument("--live", default="128,512,1024",
+                      help="live-sequence counts, comma-separated: prompts × n "
+                           "(default 128,512,1024)")
+    host.add_argument("--workloads", default=",".join(WORKLOADS),
+                      help=f"comma-separated, among {', '.join(WORKLOADS)} (default all)")
+    host.add_argument("--min-tokens", type=int, default=48,
+                      help="min_tokens of every request: holds the batch at its size over "
+                           "the measured window (default 48)")
+    host.add_argument("--live-floor", type=float, default=0.9,
+                      help="measured decode steps have at least this × the target live "
+                           "(default 0.9)")
+    host.add_argument("--skip", type=int, default=2,
+                      help="first decode steps left out as warm-up (default 2)")
+    host.add_argument("--outlier", type=float, default=10.0,
+                      help="leave out of schedule+update (and drafter) a step above this × "
+                           "the run's median per request: a descheduled process on a shared "
+                           "machine; the scorer is never filtered (default 10; 0: off)")
+    host.add_argument("--l-detect", type=int, default=24, help="ARRoL's l_detect (default 24)")
+    host.add_argument("--kv-gib", type=float, default=2.0,
+                      help="KV cache per engine, GiB (default 2: 1,024 sequences)")
+    host.add_argument("--cost", default="h100:qwen3-8b",
+                      help="the step-cost table the DAS engine plans with (as bench step)")
+    host.add_argument("--das-host", type=int, default=0, metavar="STEPS",
+                      help="also time the DAS drafter alone (vllm_rl.bench.das_host.measure, "
+                           "no engine) over STEPS steps at each live count (default 0: off)")
+    host.add_argument("--model", default=None, help="model path (default: the embedded model)")
+    tp = ap.add_argument_group("--mode throughput")
+    tp.add_argument("--prompts", type=int, default=64)
+    tp.add_argument("--profile", action="store_true",
+                    help="one more rollout per engine under cProfile")
+    tp.add_argument("--baseline", default="stock", choices=ENGINES,
+                    help="the engine compared against (default: stock vLLM, no vllm_rl)")
+    tp.add_argument("--candidate", default="rl", choices=ENGINES,
+                    help="the engine measured (default: vllm_rl.LLM, flagless requests)")
+    return ap
 
-    def run(engine: str, msg: str = "run") -> dict:
-        conn = workers[engine][1]
-        conn.send(msg)
-        return conn.recv()
 
-    for engine in workers:                      # warm-up, not timed
-        run(engine)
-    pairs = []
-    for r in range(args.repeats):
-        order = ("stock", "rl") if r % 2 == 0 else ("rl", "stock")
-        res = {e: run(e) for e in order}
-        assert res["stock"]["digest"] == res["rl"]["digest"], "different tokens than stock"
-        pair = {"order": order, "tokens": res["rl"]["tokens"]}
-        for clock in ("wall", "cpu"):
-            for e in res:
-                pair[f"{e}_{clock}_s"] = round(res[e][f"{clock}_s"], 3)
-            # throughput ratio rl / stock = stock seconds / rl seconds (same tokens)
-            pair[f"{clock}_ratio"] = res["stock"][f"{clock}_s"] / res["rl"][f"{clock}_s"]
-        pairs.append(pair)
-        print(f"repeat {r + 1}: {' then '.join(order)}: wall stock {pair['stock_wall_s']:.2f} s"
-              f" rl {pair['rl_wall_s']:.2f} s; CPU stock {pair['stock_cpu_s']:.2f} s rl "
-              f"{pair['rl_cpu_s']:.2f} s; {pair['tokens']} tokens; throughput rl/stock wall "
-              f"{pair['wall_ratio']:.4f}, per CPU second {pair['cpu_ratio']:.4f}", flush=True)
-    summary = {}
-    for clock in ("wall", "cpu"):
-        ratios = [p[f"{clock}_ratio"] for p in pairs]
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        summary[clock] = {"median": statistics.median(ratios), "mean": statistics.fmean(ratios),
-                          "stdev": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
-                          "q1": q[0], "q3": q[2], "min": min(ratios), "max": max(ratios)}
-        s = summary[clock]
-        print(f"\nthroughput rl / stock ({'wall' if clock == 'wall' else 'per CPU second'}) "
-              f"over {len(ratios)} interleaved repeats: median {s['median']:.4f} "
-              f"(IQR {s['q1']:.4f}-{s['q3']:.4f}, min {s['min']:.4f}, max {s['max']:.4f}), "
-              f"mean {s['mean']:.4f} ± {s['stdev']:.4f}; "
-              f"overhead (median) {100 * (1 - s['median']):+.2f}%")
-    profiles = {}
-    if args.profile:
-        functions = {}
-        for engine in workers:
-            res = run(engine, "profile")
-            profiles[engine], functions[engine] = res["profile"], res["functions"]
-        print("\nvllm_rl functions under cProfile (rl engine, one rollout):")
-        print(f"  generate: {profiles['rl'][0]['generate_s']:.2f} s")
-        for row in profiles["rl"][1:]:
-            print(f"  {row['cumtime_s']:8.4f} s cum  {row['tottime_s']:8.4f} s own  "
-                  f"{row['calls']:>8} calls  {row['function']}")
-        diff = _differences(functions["stock"], functions["rl"])
-        own = {e: sum(t for _, t in functions[e].values()) for e in functions}
-        profiles["differences"] = diff
-        print(f"\nfunctions whose own time grew most, stock -> rl (profiled totals: stock "
-              f"{own['stock']:.2f} s, rl {own['rl']:.2f} s):")
-        for row in diff:
-            print(f"  {row['extra_s']:+8.4f} s  ({row['stock_own_s']:.4f} -> {row['rl_own_s']:.4f}"
-                  f" s, calls {row['stock_calls']} -> {row['rl_calls']})  {row['function']}")
-    for proc, conn, _ in workers.values():
-        conn.send("stop")
-        proc.join(timeout=120)
-    out = Path(args.out) / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"args": vars(args), "pairs": pairs, "summary": summary,
-                               "profiles": profiles}, indent=1))
-    print(f"\n{out}")
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
+    for key, value in DEFAULTS[args.mode].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.mode == "throughput":
+        from vllm_rl.bench.overhead_throughput import run
+    elif args.mode == "scheduler":
+        from vllm_rl.bench.overhead_sched import run
+    else:
+        from vllm_rl.bench.overhead_host import run
+    return run(args)
 
+
+__all__ = ["DEFAULTS", "main", "parser"]

@@ -6,7 +6,7 @@
     vllm-rl bench das [...]          # DAS over epochs vs stock, ngram, suffix
     vllm-rl bench das-batch [...]    # drafting's gain by batch size
     vllm-rl bench arrol [...]        # ARRoL's head: signal at l_detect, one pruned step
-    vllm-rl bench overhead [...]     # flagless requests: the RL engine vs stock vLLM
+    vllm-rl bench overhead [...]     # host µs per request-step vs stock vLLM, vs budgets
     vllm-rl bench report FILE.json   # a benchmark's table again, from its JSON
 
 Each subcommand has its own ``--help``.  Everything runs from the installed package.
@@ -28,8 +28,9 @@ SUBCOMMANDS = {   # name -> (module, one line of help)
                   "(the batch cap's defaults)"),
     "arrol": ("vllm_rl.bench.arrol", "ARRoL's quality head: its signal at each l_detect "
               "(hidden state, trace features, both), then one step with pruning"),
-    "overhead": ("vllm_rl.bench.overhead", "flagless requests on the RL engine vs stock "
-                 "vLLM: the cost of having vllm_rl installed"),
+    "overhead": ("vllm_rl.bench.overhead", "host time per request-step (scheduling, "
+                 "update, drafter, scorer) at up to 1,024 live sequences, RL engine vs "
+                 "stock vLLM, against the budgets (--mode throughput: flagless tokens/s)"),
     "report": ("vllm_rl.bench.report", "a benchmark's markdown table again, from its JSON"),
 }
 

@@ -7,9 +7,9 @@ any release, read without importing it, or the installed vLLM):
 
 * ``scheduler.*``: :mod:`vllm_rl.engine.scheduler` (``RLScheduler`` on vLLM's
   ``AsyncScheduler``, ``RLSyncScheduler`` on ``Scheduler``) and the step trace
-  (:mod:`vllm_rl.engine.trace`) override ``add_request``, ``_update_request_with_output``,
-  ``update_from_output``, ``_free_request`` and ``schedule``, call ``finish_requests``,
-  and build ``EngineCoreOutput`` s.
+  (:mod:`vllm_rl.engine.trace`) override ``add_request``, ``update_from_output``,
+  ``_free_request`` and ``schedule`` (never a method of vLLM's per-request loop), call
+  ``finish_requests``, and build ``EngineCoreOutput`` s.
 * ``reload.*``: :func:`vllm_rl.weights.pause_parked` (``/vllm_rl/reload_weights`` and
   ``load_weights_async``) pauses through the engine core's ``pause_scheduler``, which
   queues requests that arrive during the pause (vLLM 0.33's ``pause_generation`` rejects
@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from vllm_rl.compat.source import (Def, SourceMissing, SourceTree, assignments,
-                                   aug_assignments, calls, enclosing_ifs, names_in,
-                                   self_attrs_assigned)
+                                   calls, self_attrs_assigned)
 from vllm_rl.patches import PatchMismatch
 
 SCHED = "vllm.v1.core.sched.scheduler"
@@ -39,7 +38,6 @@ CLIENT = "vllm.v1.engine.core_client"
 # vLLM's schedulers that the RL scheduler extends: (module, class), and vllm_rl's class.
 BASES = ((ASYNC, "AsyncScheduler"), (SCHED, "Scheduler"))
 RL_CLASS = {"AsyncScheduler": "RLScheduler", "Scheduler": "RLSyncScheduler"}
-UPDATE = "_update_request_with_output"
 
 
 @dataclass(frozen=True)
@@ -118,113 +116,25 @@ def scheduler_add_request(src: SourceTree) -> str:
     return ""
 
 
-def _returns_pairs(fn: ast.AST) -> bool:
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Return):
-            value = node.value
-            if isinstance(value, ast.Tuple) and len(value.elts) == 2:
-                continue
-            if isinstance(value, ast.Call) and "super()" in ast.unparse(value.func):
-                continue
-            return False
-    return True
-
-
-def scheduler_update_request(src: SourceTree) -> str:
-    """``_update_request_with_output(self, request, new_token_ids, is_stale=False)``
-    returns ``(new_token_ids, stopped)`` along both MROs, and ``update_from_output`` calls
-    it through ``self`` and unpacks both (the mixin's override ends samples there)."""
-    notes = []
-    for module, cls in BASES:
-        chain = _chain(src, module, cls, UPDATE)
-        _need_params(src, chain[0], f"{cls}.{UPDATE}",
-                     ("self", "request", "new_token_ids", "is_stale"), {"is_stale": "False"})
-        for d in chain:
-            if not _returns_pairs(d.node):
-                raise PatchMismatch(f"{d.owner}.{UPDATE} no longer returns "
-                                    f"(new_token_ids, stopped) {_where(src)}")
-        notes.append(f"{RL_CLASS[cls]} -> {_short(chain[0].owner)}")
+def scheduler_record_before_output(src: SourceTree) -> str:
+    """A stopped request goes through ``self._free_request`` (where the mixin writes a
+    flagged sample's record into ``request.stop_reason``) before ``update_from_output``
+    builds its final ``EngineCoreOutput`` with ``stop_reason=request.stop_reason``."""
     update = _method(src, SCHED, "Scheduler", "update_from_output").node
-    unpacked = [a for a in ast.walk(update) if isinstance(a, ast.Assign)
-                and isinstance(a.value, ast.Call) and calls(a.value, UPDATE, "self")
-                and isinstance(a.targets[0], ast.Tuple) and len(a.targets[0].elts) == 2]
-    if not unpacked:
-        raise PatchMismatch(f"Scheduler.update_from_output no longer takes "
-                            f"(new_token_ids, stopped) from self.{UPDATE}() {_where(src)}")
-    return "; ".join(notes)
-
-
-def scheduler_placeholders(src: SourceTree) -> str:
-    """The step's ``num_output_placeholders`` (async scheduling) are counted down inside
-    the ``_update_request_with_output`` chain the RL override wraps, not in
-    ``update_from_output`` after it returns: a sample the override ends in that call
-    has its placeholders resolved like a natural stop."""
-    chain = _chain(src, ASYNC, "AsyncScheduler", UPDATE)
-    counting = [d for d in chain if aug_assignments(d.node, "num_output_placeholders")]
-    if not counting:
-        raise PatchMismatch(f"no {UPDATE} on AsyncScheduler's MRO counts "
-                            f"num_output_placeholders down any more {_where(src)}")
-    update = _method(src, SCHED, "Scheduler", "update_from_output").node
-    call_line = min(c.lineno for c in calls(update, UPDATE, "self"))
-    late = [n.lineno for n in aug_assignments(update, "num_output_placeholders")
-            if n.lineno > call_line]
-    if late:
-        raise PatchMismatch(f"Scheduler.update_from_output counts num_output_placeholders "
-                            f"after {UPDATE} returns (line {late[0]}) {_where(src)}")
-    return f"counted in {_short(counting[0].owner)}.{UPDATE}"
-
-
-def _status_locals(fn: ast.AST, before: int) -> set[str]:
-    """Local names assigned ``request.status`` before line ``before``."""
-    return {a.targets[0].id for a in ast.walk(fn)
-            if isinstance(a, ast.Assign) and len(a.targets) == 1
-            and isinstance(a.targets[0], ast.Name) and ast.unparse(a.value) == "request.status"
-            and a.lineno < before}
-
-
-def _gated_by(fn: ast.AST, call: ast.Call, status: set[str]) -> bool:
-    tests = [i.test for i in enclosing_ifs(fn, call)]
-    return (any(names_in(t) & status for t in tests)
-            and not any("request.status" in ast.unparse(t) for t in tests))
-
-
-def scheduler_status_before_update(src: SourceTree) -> str:
-    """``request.status`` is read into a local *before* ``_update_request_with_output``
-    (where the RL override sets ``FINISHED_ABORTED``), and that local decides both block
-    caching of the step's tokens and which queue a stopped request leaves (running)."""
-    update = _method(src, SCHED, "Scheduler", "update_from_output")
-    call_line = min(c.lineno for c in calls(update.node, UPDATE, "self"))
-    status = _status_locals(update.node, call_line)
-    if not status:
-        raise PatchMismatch(f"Scheduler.update_from_output no longer reads request.status "
-                            f"before {UPDATE} {_where(src)}")
-    leaving = calls(update.node, "add", "stopped_running_reqs")
-    if not leaving or not all(_gated_by(update.node, c, status) for c in leaving):
-        raise PatchMismatch(f"Scheduler.update_from_output no longer sorts stopped requests "
-                            f"out of the running queue by the status read before {UPDATE} "
+    frees = [c.lineno for c in calls(update, "_free_request", "self")]
+    builds = [n.lineno for n in ast.walk(update)
+              if isinstance(n, ast.Call) and ast.unparse(n.func) == "EngineCoreOutput"
+              and any(k.arg == "stop_reason" and ast.unparse(k.value) == "request.stop_reason"
+                      for k in n.keywords)]
+    if not frees or not builds:
+        raise PatchMismatch(f"Scheduler.update_from_output no longer frees a stopped request "
+                            f"through self._free_request and then emits request.stop_reason "
+                            f"in its EngineCoreOutput {_where(src)}")
+    if min(frees) > min(builds):
+        raise PatchMismatch(f"Scheduler.update_from_output builds the final EngineCoreOutput "
+                            f"(line {min(builds)}) before _free_request (line {min(frees)}) "
                             f"{_where(src)}")
-    places = []
-    late = [c for c in calls(update.node, "cache_blocks") if c.lineno > call_line]
-    for c in late:
-        if not _gated_by(update.node, c, status):
-            raise PatchMismatch(f"Scheduler.update_from_output caches blocks by a status "
-                                f"read after {UPDATE} (line {c.lineno}) {_where(src)}")
-    if late:
-        places.append(f"{_short(update.owner)}.update_from_output")
-    for d in _chain(src, ASYNC, "AsyncScheduler", UPDATE):
-        supers = [c.lineno for c in calls(d.node, UPDATE) if "super()" in ast.unparse(c.func)]
-        caching = calls(d.node, "cache_blocks")
-        if not caching:
-            continue
-        local = _status_locals(d.node, min(supers) if supers else 0)
-        if not all(_gated_by(d.node, c, local) for c in caching):
-            raise PatchMismatch(f"{d.owner}.{UPDATE} caches blocks by a status read after "
-                                f"the stop checks {_where(src)}")
-        places.append(f"{_short(d.owner)}.{UPDATE}")
-    if not places:
-        raise PatchMismatch(f"the step's block caching is neither in update_from_output nor "
-                            f"in the {UPDATE} chain any more {_where(src)}")
-    return "blocks cached in " + ", ".join(places)
+    return ""
 
 
 def scheduler_update_from_output(src: SourceTree) -> str:
@@ -429,11 +339,8 @@ SCHEDULER = (
     Contract("scheduler.classes", f"{ASYNC}.AsyncScheduler", scheduler_classes),
     Contract("scheduler.state", f"{SCHED}.Scheduler.__init__", scheduler_state),
     Contract("scheduler.add_request", f"{SCHED}.Scheduler.add_request", scheduler_add_request),
-    Contract("scheduler.update_request", f"{SCHED}.Scheduler.{UPDATE}", scheduler_update_request),
-    Contract("scheduler.placeholders", f"{UPDATE}: num_output_placeholders",
-             scheduler_placeholders),
-    Contract("scheduler.status_before_update", f"{SCHED}.Scheduler.update_from_output",
-             scheduler_status_before_update),
+    Contract("scheduler.record_before_output", f"{SCHED}.Scheduler.update_from_output",
+             scheduler_record_before_output),
     Contract("scheduler.update_from_output", f"{SCHED}.Scheduler.update_from_output",
              scheduler_update_from_output),
     Contract("scheduler.finish_requests", f"{SCHED}.Scheduler.finish_requests",

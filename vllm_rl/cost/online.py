@@ -109,9 +109,14 @@ class OnlineCost(StepCost):
 
     def observe(self, widths: Sequence[int], contexts: Sequence[int], ms: float) -> None:
         """Record one measured step (same arguments as :meth:`step_ms`, plus its time)."""
-        ms = _check_real("ms", ms, lo=0.0)
         _, T, _, A = _step_sums(widths, contexts)
-        self._obs.append((float(T), float(A), ms))
+        self.observe_sums(T, A, ms)
+
+    def observe_sums(self, tokens: float, attention: float, ms: float) -> None:
+        """:meth:`observe` from the step's sums: ``tokens`` = Σ wᵢ and ``attention`` =
+        Σ wᵢ·(cᵢ + wᵢ) (for callers that hold the step as arrays: no per-sequence loop)."""
+        ms = _check_real("ms", ms, lo=0.0)
+        self._obs.append((float(tokens), float(attention), ms))
         self._since += 1
         self._total += 1
 

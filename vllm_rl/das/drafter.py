@@ -33,7 +33,22 @@ Per step, for each request whose flags have a ``das`` section:
 4. *Draft*: the most frequent continuation of the longest context suffix that the
    tree has seen continued (the rollout itself is in the tree, so its own last
    occurrence never continues: the C++ draft backs off, by bisection, to the longest
-   suffix that does), for all requests in one call without the GIL.
+   suffix that does).
+
+Host cost.  Steps 1 and 4 for every row are one C++ call without the GIL
+(:meth:`vllm_rl.das.store.ProblemTrees.feed_and_draft`): every growing rollout is
+extended, then every row drafts from the trees as fed, with its own budget and
+``min_prob``.  The per-request state is numpy columns (:class:`.slots.Slots`), so the
+Python work of a step is a fixed number of array operations plus C-level ``map`` passes
+over vLLM's lists (the row -> request lookup, flattening ``sampled_token_ids``).
+Python runs per request only where it is amortised: a request's admission, its natural
+end (stop token, ``max_tokens``: it is sealed in the store), its length-class check
+every :data:`CLASS_CHECK_EVERY` tokens (``policy="class"``), its departure.  Two
+settings stay per request per step: ``policy="optimal"`` (Eq. 6-7 fits (k, alpha) and
+the expected remaining length per request in Python, ~10-20 µs per optimal request)
+and ``batch_cap="phase"`` (the acceptance estimates are one vectorised bisection, but
+:func:`vllm_rl.das.caps.phase_budgets` is a heap over the distinct (q, cap) pairs,
+~1-3 µs per drafting request).  ``python -m vllm_rl.bench.das_host`` measures it.
 
 Requests without ``das`` flags get no draft and decode as on a stock engine.  A round
 (one rollout batch) ends when no DAS request is left; its N_fwd, the most forward
@@ -42,10 +57,11 @@ passes any of its requests took (Eq. 4: the passes the batch needs), feeds T_sho
 """
 from __future__ import annotations
 
+import operator
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
-from itertools import islice
+from itertools import chain, islice, repeat
 from typing import Any
 
 import numpy as np
@@ -57,8 +73,9 @@ from vllm_rl.cost import OnlineCost, load_cost
 from vllm_rl.cost.host import WORKER as HOST     # the drafter's host time, for the trace
 from vllm_rl.flags import DasFlags, read_or_warn
 from vllm_rl.das.config import DASConfig, prompt_problem_id
+from vllm_rl.das.slots import CLASS, FIXED, OPTIMAL, POLICY_CODES, Slots
 from vllm_rl.das.store import ProblemTrees
-from vllm_rl.das.tree import draft_many
+from vllm_rl.das.tree import draft_lists
 
 logger = init_logger(__name__)
 
@@ -79,7 +96,8 @@ PHASE_LOG = 256          # recent phase decisions kept for das_phase() (tests, d
 
 @dataclass
 class RequestState:
-    """One DAS request as the drafter tracks it."""
+    """One DAS request as the drafter tracks it: what is fixed at admission here, its
+    counters in row ``slot`` of the drafter's :class:`~.slots.Slots` (the properties)."""
 
     problem: str
     seq: int
@@ -87,32 +105,34 @@ class RequestState:
     max_tokens: int
     budget: int                         # b for this request
     min_prob: float
+    slot: int
+    slots: Slots = field(repr=False)
     init_class: str = policy.MEDIUM
-    length_class: str = policy.MEDIUM
-    class_budget: int = 0               # the draft budget of length_class
-    next_check: int = 0                 # generated tokens at the next class update
-    generated: int = 0                  # output tokens fed so far
-    steps: int = 0                      # forward passes that gave it tokens
     stop_ids: frozenset = frozenset()   # token ids that end it (EOS and stop tokens)
     budget_policy: str = "fixed"        # the budget policy (flags, else the engine's)
-    done: bool = False                  # sealed: a natural end was seen
-    # its drafts: proposed, accepted, generated (Eq. 3's counts; optimal and phase read it)
-    est: policy.AcceptanceEstimate = field(default_factory=policy.AcceptanceEstimate)
 
+    @property
+    def generated(self) -> int:         # output tokens fed so far
+        return int(self.slots.generated[self.slot])
 
-@dataclass
-class DecayedCounts:
-    """A problem's acceptance counts, each step's weight decaying by 1 − 1/horizon (the
-    fields :func:`vllm_rl.das.budget.estimate_k` reads)."""
+    @property
+    def steps(self) -> int:             # forward passes that gave it tokens
+        return int(self.slots.steps[self.slot])
 
-    proposed: float = 0.0
-    accepted: float = 0.0
-    generated: float = 0.0
+    @property
+    def done(self) -> bool:             # sealed: a natural end was seen
+        return bool(self.slots.done[self.slot])
 
-    def observe(self, proposed: int, accepted: int, generated: int, keep: float) -> None:
-        self.proposed = self.proposed * keep + proposed
-        self.accepted = self.accepted * keep + accepted
-        self.generated = self.generated * keep + generated
+    @property
+    def length_class(self) -> str:
+        return policy.CLASSES[int(self.slots.rank[self.slot])]
+
+    @property
+    def est(self) -> policy.AcceptanceEstimate:
+        """Its drafts: proposed, accepted, generated (Eq. 3's counts), a snapshot."""
+        s, i = self.slots, self.slot
+        return policy.AcceptanceEstimate(int(s.est_proposed[i]), int(s.est_accepted[i]),
+                                         int(s.est_generated[i]))
 
 
 @dataclass(frozen=True)
@@ -144,6 +164,20 @@ class Round:
     accepted: int = 0
 
 
+@dataclass
+class _Step:
+    """One call's rows, as arrays over vLLM's rows (``n`` of them)."""
+
+    n: int
+    slots: np.ndarray           # int64: the row's slot, -1 for a request without DAS
+    safe: np.ndarray            # slots with -1 replaced by 0 (for gathers; mask with das)
+    tokens: np.ndarray          # int32: sampled_token_ids flattened
+    offsets: np.ndarray         # int64 [n + 1]: row i's tokens are tokens[offsets[i]:...]
+    feed: np.ndarray            # int32: tokens each row appends to its rollout
+    ntok: np.ndarray            # int64: num_tokens_no_spec
+    max_tokens: np.ndarray      # int32: the draft budget per row (0: no draft)
+
+
 class DASProposer:
     """The ``custom_class`` proposer of a DAS engine (see the module docstring)."""
 
@@ -159,6 +193,14 @@ class DASProposer:
         self.classes = policy.LengthClasses(horizon=cfg.round_horizon, history=cfg.history)
         self.requests: dict[str, RequestState | None] = {}   # None: not a DAS request
         self._owner: dict[str, Any] = {}    # request id -> the runner's state it was seen with
+        self._slot_of: dict[str, int] = {}  # request id -> its slot (DAS requests)
+        self._by_slot: dict[int, RequestState] = {}
+        self.slots = Slots()
+        self._running = 0                   # DAS requests not sealed yet
+        self._stops: Counter = Counter()    # stop ids of the running requests
+        self._stop_ids = np.zeros(0, dtype=np.int32)
+        self._rows_key: tuple | None = None  # (req_ids, owners) the cached row slots are for
+        self._row_slots = np.zeros(0, dtype=np.int64)
         self.round = Round()
         self.rounds = 0
         self.verify_log: deque = deque(maxlen=cfg.stats_rounds)  # per step (reqs, prop, acc)
@@ -173,11 +215,16 @@ class DASProposer:
         self._t_step: float | None = None
         self._batch, self._context = 0, 0.0    # this step's batch and mean context
         self._undrafted = 0                     # steps the cost cap has drafted nothing
-        self._problem_acc: dict[str, DecayedCounts] = {}    # phase cap: per-problem counts
+        # phase cap: per-problem decayed acceptance counts (proposed, accepted, generated),
+        # by problem key; a problem keeps its key (and counts) for the drafter's life
+        self._problem_keys: dict[str, int] = {}
+        self._problem_acc = np.zeros((64, 3))
+        self._problem_seen = np.zeros(64, dtype=bool)
         self._steps = 0                         # propose() calls
         self._verified = 0                      # draft tokens verified in this step
         self.phase_log: deque = deque(maxlen=PHASE_LOG)
         self.phase_totals = {"decisions": 0, "drafting": 0, "probes": 0, "drafts": 0}
+        self.host_ns = {"feed": 0, "draft": 0}  # CPU time of the batched calls (C++)
 
     # ------------------------------------------------------------------ vLLM hooks
     def load_model(self, *args, **kwargs) -> None:
@@ -203,73 +250,154 @@ class DASProposer:
             raise RuntimeError("DASProposer.propose called without bind_step: the "
                                "vllm_rl das_proposer_context patch is not applied")
         batch = runner.input_batch
-        req_ids = batch.req_ids
+        n = len(sampled_token_ids)
+        req_ids = batch.req_ids if len(batch.req_ids) == n else list(batch.req_ids[:n])
         self._retire(runner.requests)
-        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
-        spec = sched.scheduled_spec_decode_tokens if sched is not None else {}
-        live: list[tuple[int, RequestState]] = []
-        step_reqs = step_prop = step_acc = 0
-        for i, sampled in enumerate(sampled_token_ids):
-            rid = req_ids[i]
-            st = self._state(rid, runner, batch, i)
-            if st is None or st.done or not sampled:
-                continue
-            drafted = sum(1 for t in spec.get(rid, ()) if t >= 0)
-            if drafted:
-                acc = len(sampled) - 1
-                st.est.observe(drafted, acc, len(sampled))    # Eq. 3's online estimate
-                p = self.store.problems.get(st.problem)
-                if p is not None:
-                    p.drafted += drafted
-                    p.accepted += acc
-                if self.cfg.batch_cap == "phase":
-                    self._problem_acc.setdefault(st.problem, DecayedCounts()).observe(
-                        drafted, acc, len(sampled), 1.0 - 1.0 / PROBLEM_HORIZON)
-                step_reqs, step_prop, step_acc = step_reqs + 1, step_prop + drafted, step_acc + acc
-            if self._feed(st, sampled, int(num_tokens_no_spec[i])):
-                live.append((i, st))
-        self._account(step_reqs, step_prop, step_acc, bool(live))
+        step = self._rows(runner, batch, req_ids, sampled_token_ids, num_tokens_no_spec)
+        S = self.slots
+        das = step.slots >= 0
+        active = das & ~S.done[step.safe] & (np.diff(step.offsets) > 0)
+        step_reqs, step_prop, step_acc = self._verify(sched, req_ids, step, active)
+        live = self._feed(step, active)
+        self._account(step_reqs, step_prop, step_acc, bool(len(live)))
         self._maybe_end_round()
         self._steps += 1
         self._verified = step_prop
-        if not live:
-            return drafts
-        if self._online:
-            self._observe_step(sched, req_ids, num_tokens_no_spec)
-        self._batch = len(req_ids)
-        self._context = float(np.sum(num_tokens_no_spec[:self._batch])) / max(self._batch, 1)
-        if self.cfg.batch_cap == "phase":
-            self._phase(live, num_tokens_no_spec, token_ids_cpu, drafts)
-            return drafts
-        if self.cfg.batch_cap == "cost":
-            cap, k_cap = 1.0, self._cost_cap(len(req_ids), len(live))
-            if k_cap == 0:
-                self._undrafted += 1
-                if self._undrafted >= PROBE_EVERY:       # fresh acceptance evidence
-                    self._undrafted, k_cap = 0, self.k_max
-                    live = live[:PROBE_ROWS]
+        phase = None
+        if len(live):
+            if self._online:
+                self._observe_step(sched, req_ids, step.ntok)
+            self._batch = len(req_ids)
+            self._context = float(step.ntok.sum()) / max(self._batch, 1)
+            if self.cfg.batch_cap == "phase":
+                phase = self._phase(live, step)
             else:
-                self._undrafted = 0
-        else:
-            cap = draft_caps.batch_cap(len(req_ids), self.cfg.full_batch, self.cfg.off_batch)
-            k_cap = self.k_max
-        if cap <= 0.0 or k_cap <= 0:
-            return drafts
-        budgets = [min(b, k_cap) for b in self._budgets(live, cap)]
-        self._draft(live, budgets, num_tokens_no_spec, token_ids_cpu, drafts)
-        return drafts
+                self._budget_rows(live, step)
+        res = self.store.feed_and_draft(
+            np.where(das, S.seq[step.safe], -1), step.tokens, step.offsets, step.feed,
+            _contexts(token_ids_cpu), step.ntok.astype(np.int32), step.max_tokens,
+            S.min_prob[step.safe], backoff=True)
+        self.host_ns["feed"] += res.feed_ns
+        self.host_ns["draft"] += res.draft_ns
+        if phase is not None:
+            self._phase_cut(phase, res.lengths)
+        return draft_lists(res.drafts, res.lengths)
+
+    # ------------------------------------------------------------------ rows
+    def _rows(self, runner, batch, req_ids, sampled, num_tokens_no_spec) -> _Step:
+        """The step's rows as arrays; admits the requests seen for the first time (and a
+        new request under a reused id).  C-level passes over vLLM's lists only: a
+        request's own Python runs at its admission."""
+        n = len(req_ids)
+        owners = list(map(runner.requests.get, req_ids))
+        key = self._rows_key
+        if (key is None or key[0] != req_ids or len(key[1]) != n
+                or not all(map(operator.is_, owners, key[1]))):
+            known = np.fromiter(map(operator.is_, owners, map(self._owner.get, req_ids)),
+                                dtype=bool, count=n)
+            for i in np.flatnonzero(~known).tolist():
+                self._state(req_ids[i], owners[i], batch, i)
+            self._row_slots = np.fromiter(map(self._slot_of.get, req_ids, repeat(-1)),
+                                          dtype=np.int64, count=n)
+            self._rows_key = (list(req_ids), owners)
+        slots = self._row_slots
+        lens = np.fromiter(map(len, sampled), dtype=np.int64, count=n)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        tokens = np.fromiter(chain.from_iterable(sampled), dtype=np.int32,
+                             count=int(offsets[-1]))
+        return _Step(n=n, slots=slots, safe=np.maximum(slots, 0), tokens=tokens,
+                     offsets=offsets, feed=np.zeros(n, dtype=np.int32),
+                     ntok=np.asarray(num_tokens_no_spec[:n], dtype=np.int64),
+                     max_tokens=np.zeros(n, dtype=np.int32))
+
+    def _verify(self, sched, req_ids, step: _Step, active) -> tuple[int, int, int]:
+        """Eq. 3's counts: per row that was verified on a draft (``active`` and scheduled
+        with one), the draft tokens and how many were accepted (all sampled tokens but
+        the bonus one); returns the step's (requests, proposed, accepted)."""
+        spec = sched.scheduled_spec_decode_tokens if sched is not None else {}
+        if not spec:
+            return 0, 0, 0
+        n = step.n
+        lists = list(map(spec.get, req_ids, repeat(())))
+        lens = np.fromiter(map(len, lists), dtype=np.int64, count=n)
+        total = int(lens.sum())
+        if not total:
+            return 0, 0, 0
+        drafted = lens
+        flat = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=total)
+        neg = np.flatnonzero(flat < 0)
+        if len(neg):                         # placeholders are not drafts
+            ends = np.cumsum(lens)
+            drafted = lens - np.bincount(np.searchsorted(ends, neg, side="right"),
+                                         minlength=n)
+        rows = np.flatnonzero(active & (drafted > 0))
+        if not len(rows):
+            return 0, 0, 0
+        s = step.slots[rows]
+        d = drafted[rows]
+        g = np.diff(step.offsets)[rows]
+        a = np.minimum(g - 1, d)
+        S = self.slots
+        S.est_proposed[s] += d
+        S.est_accepted[s] += a
+        S.est_generated[s] += g
+        S.pend_drafted[s] += d
+        S.pend_accepted[s] += a
+        if self.cfg.batch_cap == "phase":
+            self._observe_problems(S.problem_key[s], d, a, g)
+        return len(rows), int(d.sum()), int(a.sum())
+
+    def _feed(self, step: _Step, active) -> np.ndarray:
+        """Count each active row's new tokens (cut after a stop token: the tokens after it
+        are not the sample's) and seal the rollouts that ended naturally (fed here, one
+        by one: once per request).  The others are fed by the step's batched call
+        (``step.feed``).  Returns the rows that go on."""
+        rows = np.flatnonzero(active)
+        if not len(rows):
+            return rows
+        S = self.slots
+        feed = step.feed
+        feed[rows] = np.diff(step.offsets)[rows]
+        stopped = np.zeros(step.n, dtype=bool)
+        if len(self._stop_ids) and len(step.tokens):
+            hit = np.flatnonzero(np.isin(step.tokens, self._stop_ids))
+            if len(hit):                     # a stop id of some request: check the row's own
+                for i in np.unique(np.searchsorted(step.offsets, hit, side="right") - 1):
+                    if not active[i]:
+                        continue
+                    stop = self._by_slot[int(step.slots[i])].stop_ids
+                    row = step.tokens[step.offsets[i]:step.offsets[i + 1]].tolist()
+                    end = next((j + 1 for j, t in enumerate(row) if t in stop), None)
+                    if end is not None:
+                        feed[i], stopped[i] = end, True
+        s = step.slots[rows]
+        S.generated[s] += feed[rows]
+        S.steps[s] += 1
+        ends = stopped[rows] | (S.generated[s] >= S.max_tokens[s]) | \
+            (step.ntok[rows] >= self.max_model_len)
+        for i in rows[ends].tolist():
+            st = self._by_slot[int(step.slots[i])]
+            start = int(step.offsets[i])
+            self.store.extend(st.problem, st.seq,
+                              step.tokens[start:start + int(feed[i])].tolist())
+            feed[i] = 0
+            self._finish(st, natural=True)
+        return rows[~ends]
 
     # ------------------------------------------------------------------ step cost
-    def _observe_step(self, sched, req_ids, num_tokens_no_spec) -> None:
+    def _observe_step(self, sched, req_ids, ntok: np.ndarray) -> None:
         """Feed the online cost model the step that just ran (time since the last one)."""
         now = time.perf_counter()
         last, self._t_step = self._t_step, now
         sched_tokens = getattr(sched, "num_scheduled_tokens", None) or {}
         if last is None or not sched_tokens or now - last > 1.0:   # idle gap: no sample
             return
-        widths = [int(sched_tokens.get(r, 0)) for r in req_ids]
-        contexts = [max(0, int(num_tokens_no_spec[i]) - w) for i, w in enumerate(widths)]
-        self.cost.observe(widths, contexts, (now - last) * 1e3)
+        widths = np.fromiter(map(sched_tokens.get, req_ids, repeat(0)), dtype=np.int64,
+                             count=len(req_ids))
+        contexts = np.maximum(ntok - widths, 0)
+        self.cost.observe_sums(int(widths.sum()), int((widths * (contexts + widths)).sum()),
+                               (now - last) * 1e3)
 
     def _cost_cap(self, batch: int, drafting: int) -> int:
         """Sec. 4.2.1's batch cap from the step-cost model: the draft length that makes
@@ -277,7 +405,7 @@ class DASProposer:
         q = self._recent_acceptance()
         width = lambda k: 1.0 + k * drafting / batch   # noqa: E731
         return draft_caps.cost_cap(lambda k: self.cost.uniform_ms(batch, width(k), self._context),
-                               batch, drafting, q, self.k_max)
+                                   batch, drafting, q, self.k_max)
 
     def _recent_acceptance(self) -> float:
         """The engine's per-draft-token acceptance over its last 64 verification steps
@@ -288,73 +416,182 @@ class DASProposer:
         q = policy.chain_acceptance(prop, acc, acc + sum(x[0] for x in recent))
         return 0.5 if q is None else min(max(q, 0.05), 0.95)
 
-    def _acceptance(self, live: list[tuple[int, RequestState]]) -> list[float]:
-        """Eq. 3's k per request (:func:`policy.estimate_k`): its own drafts' counts,
-        shrunk toward its problem's (decayed) counts, shrunk toward the engine's recent
-        rate."""
-        q_engine = self._recent_acceptance()
-        by_problem: dict[str, float] = {}
-        out = []
-        for _, st in live:
-            q_p = by_problem.get(st.problem)
-            if q_p is None:
-                counts = self._problem_acc.get(st.problem)
-                q_p = q_engine if counts is None else policy.estimate_k(
-                    counts, q_engine, PRIOR_DRAFTS)
-                by_problem[st.problem] = q_p
-            out.append(policy.estimate_k(st.est, q_p, PRIOR_DRAFTS) if st.est.proposed
-                       else q_p)
-        return out
+    def _observe_problems(self, keys, proposed, accepted, generated) -> None:
+        """Each verification's counts into its problem's decayed counts, in row order: a
+        problem verified m times in this step keeps keep^m of its counts and the j-th
+        verification (0-based) weighs keep^(m-1-j), keep = 1 - 1/PROBLEM_HORIZON, as m
+        successive updates would."""
+        keep = 1.0 - 1.0 / PROBLEM_HORIZON
+        order = np.argsort(keys, kind="stable")
+        k = keys[order]
+        starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+        counts = np.diff(np.r_[starts, len(k)])
+        rank = np.arange(len(k)) - np.repeat(starts, counts)
+        w = keep ** (np.repeat(counts, counts) - 1 - rank)
+        uk = k[starts]
+        acc = self._problem_acc
+        acc[uk] *= (keep ** counts)[:, None]
+        for col, v in enumerate((proposed, accepted, generated)):
+            acc[uk, col] += np.add.reduceat(v[order] * w, starts)
+        self._problem_seen[uk] = True
 
-    def _phase(self, live, num_tokens_no_spec, token_ids_cpu, drafts) -> None:
+    def _acceptance(self, slots: np.ndarray) -> np.ndarray:
+        """Eq. 3's k per request (:func:`policy.estimate_k_many`): its own drafts' counts,
+        shrunk toward its problem's (decayed) counts, shrunk toward the engine's recent
+        rate.  Vectorised: one bisection over the step's problems, one over its
+        requests."""
+        S = self.slots
+        q_engine = self._recent_acceptance()
+        keys, inv = np.unique(S.problem_key[slots], return_inverse=True)
+        counts = self._problem_acc[keys]
+        q_p = np.where(self._problem_seen[keys],
+                       policy.estimate_k_many(counts[:, 0], counts[:, 1], counts[:, 2],
+                                              q_engine, PRIOR_DRAFTS), q_engine)[inv]
+        own = S.est_proposed[slots] > 0
+        q = q_p.copy()
+        if own.any():
+            s = slots[own]
+            q[own] = policy.estimate_k_many(S.est_proposed[s], S.est_accepted[s],
+                                            S.est_generated[s], q_p[own], PRIOR_DRAFTS)
+        return q
+
+    # ------------------------------------------------------------------ budgets
+    def _budget_rows(self, live: np.ndarray, step: _Step) -> None:
+        """The cost and linear caps: ``step.max_tokens`` for the rows that draft."""
+        if self.cfg.batch_cap == "cost":
+            cap, k_cap = 1.0, self._cost_cap(step.n, len(live))
+            if k_cap == 0:
+                self._undrafted += 1
+                if self._undrafted >= PROBE_EVERY:       # fresh acceptance evidence
+                    self._undrafted, k_cap = 0, self.k_max
+                    live = live[:PROBE_ROWS]
+            else:
+                self._undrafted = 0
+        else:
+            cap = draft_caps.batch_cap(step.n, self.cfg.full_batch, self.cfg.off_batch)
+            k_cap = self.k_max
+        if cap <= 0.0 or k_cap <= 0:
+            return
+        budgets = np.minimum(self._budgets(live, step, cap), k_cap)
+        step.max_tokens[live] = self._room(live, step, budgets)
+
+    def _budgets(self, rows: np.ndarray, step: _Step, cap: float) -> np.ndarray:
+        """Each row's policy budget (fixed 2b, class 0/b/2b, Eq. 7), scaled by ``cap``."""
+        S = self.slots
+        s = step.slots[rows]
+        pol = S.policy[s]
+        out = np.where(pol == FIXED, 2 * S.budget[s], 0)
+        cls = np.flatnonzero(pol == CLASS)
+        if len(cls):
+            sc = s[cls]
+            due = (S.generated[sc] >= S.next_check[sc]) & (S.rank[sc] != 2)
+            for slot in sc[due].tolist():        # every CLASS_CHECK_EVERY tokens
+                self._update_class(self._by_slot[slot])
+            out[cls] = S.class_budget[sc]
+        opt = np.flatnonzero(pol == OPTIMAL)
+        if len(opt):
+            self._optimal(s[opt], opt, out)
+        return np.minimum(self.k_max, np.floor(out * cap + 0.5).astype(np.int64))
+
+    def _update_class(self, st: RequestState) -> None:
+        """Sec. 4.2.3's runtime promotion of one request (short -> medium -> long)."""
+        S, i = self.slots, st.slot
+        S.next_check[i] = S.generated[i] + CLASS_CHECK_EVERY
+        cur = st.length_class
+        new = self.classes.update(cur, int(S.generated[i]), st.init_class, st.max_tokens)
+        if new != cur:
+            S.rank[i] = policy.CLASSES.index(new)
+            S.class_budget[i] = self.classes.budget(new, st.budget)
+
+    def _room(self, rows: np.ndarray, step: _Step, budgets: np.ndarray) -> np.ndarray:
+        """``budgets`` within what each row's request may still verify (the model length,
+        its max_tokens; one token of each step is the sampled one)."""
+        S = self.slots
+        s = step.slots[rows]
+        room = np.minimum(self.max_model_len - step.ntok[rows] - 1,
+                          S.max_tokens[s] - S.generated[s] - 1)
+        return np.maximum(0, np.minimum(budgets, room))
+
+    def _optimal(self, slots: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
+        """Eq. 6-7 over the running ``optimal`` requests: l_i = expected remaining length
+        (the problem's window, conditioned on the length so far), (k_i, alpha_i) fitted
+        online to Eq. 3 from the request's own drafts.  Per request in Python (the fits
+        and :func:`policy.optimal_budgets`): the one policy whose step cost grows with
+        its requests in Python, ~10-20 µs each."""
+        ls, ks, alphas = [], [], []
+        states = [self._by_slot[s] for s in slots.tolist()]
+        for st in states:
+            ls.append(max(1.0, self._expected_remaining(st)))
+            k, a = policy.estimate_k_alpha(st.est)
+            ks.append(k)
+            alphas.append(a)
+        c_base, c_tok = self._eq1_costs(self._batch)
+        n_fwd, totals = policy.optimal_budgets(ls, ks, alphas, c_base, c_tok)
+        for j, st, p in zip(idx.tolist(), states, totals):
+            out[j] = policy.step_budget(p, max(n_fwd, 1.0), 2 * st.budget)
+
+    def _eq1_costs(self, batch: int) -> tuple[float, float]:
+        """Eq. 1's (c_base, c_tok) for Eq. 7: the cost model linearised at this step's
+        batch (:meth:`StepCost.linear_at`), or the configured constants while an online
+        model has not been fitted yet."""
+        if isinstance(self.cost, OnlineCost) and not self.cost.fitted and self.cost.prior is None:
+            return self.cfg.c_base_ms, self.cfg.c_tok_ms
+        return self.cost.linear_at(batch, self._context)
+
+    def _expected_remaining(self, st: RequestState) -> float:
+        generated = st.generated
+        longer = [n for n in self.store.lengths(st.problem) if n > generated]
+        if longer:
+            return sum(longer) / len(longer) - generated
+        return (self.classes.t_med(st.max_tokens) if generated < self.classes.t_med(
+            st.max_tokens) else st.max_tokens) - generated
+
+    # ------------------------------------------------------------------ phase cap
+    def _phase(self, live: np.ndarray, step: _Step):
         """Phase-aware drafting (:func:`.caps.phase_budgets`): the draft length per request
         that makes the next step cheapest per generated token on the step-cost model, at
         this step's batch and mean context, from each request's acceptance estimate
         (Eq. 3's k) and within its policy's budget (fixed 2b, class 0/b/2b, Eq. 7).
 
         First with the budgets as caps (if nothing pays, nothing is drafted: the tree is
-        not even asked); then the tree drafts the requests that got a length, and the
-        rule runs again with what the tree actually had (a draft can stop early: no
-        match, or the cumulative-probability cutoff) and the drafts are cut to it."""
+        not even asked); then the tree drafts the requests that got a length, and
+        :meth:`_phase_cut` runs the rule again with what the tree actually had (a draft
+        can stop early: no match, or the cumulative-probability cutoff) and cuts the
+        drafts to it.  Returns what the cut needs (None: no draft this step)."""
         batch, context = self._batch, self._context
         curve = [self.cost.uniform_ms(batch, 1 + k, context) for k in range(self.k_max + 1)]
         step_ms = curve.__getitem__
-        caps = [self._room(st, b, int(num_tokens_no_spec[i]))
-                for (i, st), b in zip(live, self._budgets(live, 1.0))]
-        q = self._acceptance(live)
-        ks = draft_caps.phase_budgets(step_ms, batch, q, caps)
+        caps = self._room(live, step, self._budgets(live, step, 1.0))
+        q = self._acceptance(step.slots[live])
+        ks = np.asarray(draft_caps.phase_budgets(step_ms, batch, q.tolist(), caps.tolist()),
+                        dtype=np.int64)
         probe = False
-        if not any(ks):
+        if not ks.any():
             self._undrafted += 1
             if self._undrafted < PROBE_EVERY:
-                self._log_phase(batch, context, q, caps, ks, False)
-                return
+                self._log_phase(batch, context, q.tolist(), caps.tolist(), ks.tolist(), False)
+                return None
             # fresh acceptance evidence: the requests with the fewest drafts so far
             self._undrafted, probe = 0, True
-            order = sorted(range(len(live)), key=lambda j: live[j][1].est.proposed)
-            ks = [0] * len(live)
-            for j in order[:PROBE_ROWS]:
-                ks[j] = caps[j]
+            order = np.argsort(self.slots.est_proposed[step.slots[live]], kind="stable")
+            ks = np.zeros(len(live), dtype=np.int64)
+            ks[order[:PROBE_ROWS]] = caps[order[:PROBE_ROWS]]
         else:
             self._undrafted = 0
-        rows = [j for j, k in enumerate(ks) if k > 0]
-        self._draft([live[j] for j in rows], [caps[j] for j in rows], num_tokens_no_spec,
-                    token_ids_cpu, drafts)
-        got = [len(drafts[live[j][0]]) for j in rows]
-        if not probe:
-            ks = draft_caps.phase_budgets(step_ms, batch, [q[j] for j in rows], got)
-            for j, k in zip(rows, ks):
-                i = live[j][0]
-                drafts[i] = drafts[i][:k]
-            q = [q[j] for j in rows]
-            self._log_phase(batch, context, q, got, ks, False)
-        else:
-            self._log_phase(batch, context, [q[j] for j in rows], got, got, True)
+        pick = np.flatnonzero(ks > 0)
+        rows = live[pick]
+        step.max_tokens[rows] = caps[pick]
+        return step_ms, batch, context, rows, q[pick], probe
 
-    def _room(self, st: RequestState, budget: int, n: int) -> int:
-        """``budget`` within what a request with ``n`` tokens may still verify (the model
-        length, its max_tokens; one token of each step is the sampled one)."""
-        return max(0, min(budget, self.max_model_len - n - 1, st.max_tokens - st.generated - 1))
+    def _phase_cut(self, phase, lengths: np.ndarray) -> None:
+        step_ms, batch, context, rows, q, probe = phase
+        got = lengths[rows].astype(np.int64)
+        if probe:
+            self._log_phase(batch, context, q.tolist(), got.tolist(), got.tolist(), True)
+            return
+        ks = draft_caps.phase_budgets(step_ms, batch, q.tolist(), got.tolist())
+        lengths[rows] = np.minimum(got, ks)
+        self._log_phase(batch, context, q.tolist(), got.tolist(), ks, False)
 
     def _log_phase(self, batch, context, q, caps, ks, probe: bool) -> None:
         drafted = sum(ks)
@@ -367,20 +604,19 @@ class DASProposer:
                                         tuple(ks), self._verified, probe))
 
     # ------------------------------------------------------------------ requests
-    def _state(self, rid: str, runner: Any, batch: Any, i: int) -> RequestState | None:
-        cached = runner.requests.get(rid)
+    def _state(self, rid: str, cached: Any, batch: Any, i: int) -> None:
+        """A request seen for the first time (or a new request under a reused id)."""
         if rid in self.requests:
-            if self._owner.get(rid) is cached:
-                return self.requests[rid]
             self._seal(rid)                      # the id was reused by a new request
         st = None
         params = getattr(cached, "sampling_params", None)
         flags = _das_flags(getattr(params, "extra_args", None), rid)
         if flags is not None:
             st = self._start(flags, params, cached, batch, i)
+            self._slot_of[rid] = st.slot
+            self._by_slot[st.slot] = st
         self.requests[rid] = st
         self._owner[rid] = cached
-        return st
 
     def _start(self, flags: DasFlags, params, cached, batch, i) -> RequestState:
         n_prompt = int(batch.num_prompt_tokens[i])
@@ -394,42 +630,90 @@ class DASProposer:
         stop_ids = set(params.all_stop_token_ids or ())
         if params.eos_token_id is not None and not params.ignore_eos:
             stop_ids.add(params.eos_token_id)
-        return RequestState(
+        name = flags.policy or self.cfg.policy
+        S = self.slots
+        slot = S.take()
+        st = RequestState(
             problem=problem, seq=seq, flags=flags, max_tokens=max_tokens, budget=b,
             min_prob=self.cfg.min_prob if flags.min_prob is None else flags.min_prob,
-            init_class=init, length_class=init, class_budget=self.classes.budget(init, b),
-            stop_ids=frozenset(stop_ids), budget_policy=flags.policy or self.cfg.policy)
+            slot=slot, slots=S, init_class=init, stop_ids=frozenset(stop_ids),
+            budget_policy=name)
+        S.seq[slot], S.max_tokens[slot], S.budget[slot] = seq, max_tokens, b
+        S.policy[slot] = POLICY_CODES.get(name, FIXED)
+        S.rank[slot] = policy.CLASSES.index(init)
+        S.class_budget[slot] = self.classes.budget(init, b)
+        S.min_prob[slot] = st.min_prob
+        S.problem_key[slot] = self._problem_key(problem)
+        self._running += 1
+        self._add_stops(st.stop_ids, 1)
+        return st
 
-    def _feed(self, st: RequestState, sampled: list[int], num_tokens: int) -> bool:
-        """Extend the rollout with this step's tokens; seal it at a natural end (the
-        tokens after a stop token are not the sample's).  True if it goes on."""
-        end = next((j + 1 for j, t in enumerate(sampled) if t in st.stop_ids), None)
-        tokens = sampled if end is None else sampled[:end]
-        self.store.extend(st.problem, st.seq, tokens)
-        st.generated += len(tokens)
-        st.steps += 1
-        if end is None and st.generated < st.max_tokens and num_tokens < self.max_model_len:
-            return True
-        st.done = True
-        self._finish(st, natural=True)
-        return False
+    def _problem_key(self, problem: str) -> int:
+        key = self._problem_keys.get(problem)
+        if key is None:
+            key = self._problem_keys[problem] = len(self._problem_keys)
+            if key >= len(self._problem_seen):
+                self._problem_acc = np.concatenate([self._problem_acc,
+                                                    np.zeros_like(self._problem_acc)])
+                self._problem_seen = np.concatenate([self._problem_seen,
+                                                     np.zeros_like(self._problem_seen)])
+        return key
+
+    def _add_stops(self, ids: frozenset, sign: int) -> None:
+        """The stop ids any running request has (a token among them is checked against
+        its own row's stop ids)."""
+        before = len(self._stops)
+        for t in ids:
+            self._stops[t] += sign
+            if self._stops[t] <= 0:
+                del self._stops[t]
+        if ids and (sign < 0 or len(self._stops) != before):
+            self._stop_ids = np.array(sorted(self._stops), dtype=np.int32)
 
     def _finish(self, st: RequestState, natural: bool) -> None:
+        self._flush(st)
         self.store.finish(st.problem, st.seq, st.generated, natural)
         if natural:
             self.classes.observe_final(st.init_class, st.generated, st.max_tokens)
         self.round.n_fwd = max(self.round.n_fwd, st.steps)
+        self.slots.done[st.slot] = True
+        self._running -= 1
+        self._add_stops(st.stop_ids, -1)
+
+    def _flush(self, st: RequestState) -> None:
+        """Its drafts' counts into its problem's totals (kept per request between)."""
+        S, i = self.slots, st.slot
+        d, a = int(S.pend_drafted[i]), int(S.pend_accepted[i])
+        if d or a:
+            S.pend_drafted[i] = S.pend_accepted[i] = 0
+            p = self.store.problems.get(st.problem)
+            if p is not None:
+                p.drafted += d
+                p.accepted += a
+
+    def _flush_all(self) -> None:
+        for st in self._by_slot.values():
+            self._flush(st)
 
     def _seal(self, rid: str) -> None:
         st = self.requests.pop(rid, None)
         self._owner.pop(rid, None)
-        if st is not None and not st.done:
-            self._finish(st, natural=False)        # cancelled, aborted or stopped by a string
+        self._slot_of.pop(rid, None)
+        if st is not None:
+            if not st.done:
+                self._finish(st, natural=False)    # cancelled, aborted or stopped by a string
+            self._flush(st)
+            del self._by_slot[st.slot]
+            self.slots.give_back(st.slot)
+            self._rows_key = None                  # the slot may be taken again
 
     def _retire(self, live_requests: dict) -> None:
         """Forget requests that left the runner, sealing those not sealed yet."""
-        for rid in [r for r in self.requests if r not in live_requests]:
+        gone = self._owner.keys() - live_requests.keys()
+        for rid in gone:
             self._seal(rid)
+        if gone:
+            self._rows_key = None
 
     def _account(self, reqs: int, proposed: int, accepted: int, any_live: bool) -> None:
         if any_live:
@@ -442,7 +726,7 @@ class DASProposer:
                 r.accepted += accepted
 
     def _maybe_end_round(self) -> None:
-        if not any(s is not None and not s.done for s in self.requests.values()):
+        if not self._running:
             self._end_round()
 
     def _end_round(self) -> None:
@@ -454,81 +738,6 @@ class DASProposer:
             self.totals.steps += self.round.steps
             self.round = Round()
 
-    # ------------------------------------------------------------------ budgets
-    def _budgets(self, live: list[tuple[int, RequestState]], cap: float) -> list[int]:
-        out = [0] * len(live)
-        optimal = [j for j, (_, st) in enumerate(live) if st.budget_policy == "optimal"]
-        for j, (_, st) in enumerate(live):
-            if st.budget_policy == "fixed":
-                out[j] = 2 * st.budget
-            elif st.budget_policy == "class":
-                if st.generated >= st.next_check and st.length_class != policy.LONG:
-                    st.next_check = st.generated + CLASS_CHECK_EVERY
-                    new = self.classes.update(st.length_class, st.generated, st.init_class,
-                                              st.max_tokens)
-                    if new != st.length_class:
-                        st.length_class = new
-                        st.class_budget = self.classes.budget(new, st.budget)
-                out[j] = st.class_budget
-        if optimal:
-            self._optimal(live, optimal, out)
-        return [min(self.k_max, int(b * cap + 0.5)) for b in out]
-
-    def _optimal(self, live, idx: list[int], out: list[int]) -> None:
-        """Eq. 6-7 over the running ``optimal`` requests: l_i = expected remaining length
-        (the problem's window, conditioned on the length so far), (k_i, alpha_i) fitted
-        online to Eq. 3 from the request's own drafts."""
-        ls, ks, alphas = [], [], []
-        for j in idx:
-            st = live[j][1]
-            ls.append(max(1.0, self._expected_remaining(st)))
-            k, a = policy.estimate_k_alpha(st.est)
-            ks.append(k)
-            alphas.append(a)
-        c_base, c_tok = self._eq1_costs(self._batch)
-        n_fwd, totals = policy.optimal_budgets(ls, ks, alphas, c_base, c_tok)
-        for j, p in zip(idx, totals):
-            out[j] = policy.step_budget(p, max(n_fwd, 1.0), 2 * live[j][1].budget)
-
-    def _eq1_costs(self, batch: int) -> tuple[float, float]:
-        """Eq. 1's (c_base, c_tok) for Eq. 7: the cost model linearised at this step's
-        batch (:meth:`StepCost.linear_at`), or the configured constants while an online
-        model has not been fitted yet."""
-        if isinstance(self.cost, OnlineCost) and not self.cost.fitted and self.cost.prior is None:
-            return self.cfg.c_base_ms, self.cfg.c_tok_ms
-        return self.cost.linear_at(batch, self._context)
-
-    def _expected_remaining(self, st: RequestState) -> float:
-        longer = [n for n in self.store.lengths(st.problem) if n > st.generated]
-        if longer:
-            return sum(longer) / len(longer) - st.generated
-        return (self.classes.t_med(st.max_tokens) if st.generated < self.classes.t_med(
-            st.max_tokens) else st.max_tokens) - st.generated
-
-    # ------------------------------------------------------------------ drafting
-    def _draft(self, live, budgets, num_tokens_no_spec, token_ids_cpu, drafts) -> None:
-        depth = self.cfg.max_depth
-        todo = []
-        for (i, st), b in zip(live, budgets):
-            n = int(num_tokens_no_spec[i])
-            b = self._room(st, b, n)
-            if b <= 0:
-                continue
-            tree = self.store.problems.get(st.problem)
-            if tree is None:
-                continue
-            todo.append((i, st, tree.tree, token_ids_cpu[i, max(0, n - depth):n].tolist(), b))
-        if not todo:
-            return
-        by_prob: dict[float, list] = {}
-        for item in todo:
-            by_prob.setdefault(item[1].min_prob, []).append(item)
-        for min_prob, items in by_prob.items():
-            got = draft_many([t[2] for t in items], [t[3] for t in items],
-                             [t[4] for t in items], min_prob, backoff=True)
-            for (i, *_), d in zip(items, got):
-                drafts[i] = d
-
     # ------------------------------------------------------------------ reporting
     def sync(self) -> None:
         """Seal rollouts that ended since the last step (the API calls it between steps)."""
@@ -538,6 +747,7 @@ class DASProposer:
 
     def stats(self) -> dict:
         self.sync()
+        self._flush_all()
         t = self.totals
         cur = self.round
         verifications = t.verifications
@@ -568,6 +778,7 @@ class DASProposer:
 
     def clear(self, problem_id: str | None = None) -> int:
         self.sync()
+        self._flush_all()
         return self.store.clear(problem_id)
 
 
@@ -577,3 +788,10 @@ def _das_flags(extra_args: dict | None, request_id: str) -> DasFlags | None:
     bypassed) are logged once for the request, which is served without drafts."""
     flags = read_or_warn(extra_args, request_id, logger)
     return None if flags is None else flags.das
+
+def _contexts(token_ids_cpu) -> np.ndarray:
+    """The runner's token array as the batched call reads it (vLLM's is int32 already)."""
+    a = np.asarray(token_ids_cpu)
+    if a.dtype != np.int32 or a.ndim != 2 or a.strides[1] != 4:
+        a = np.ascontiguousarray(a, dtype=np.int32)
+    return a

@@ -14,6 +14,12 @@ tree": the paper's default window is 16).  :class:`ProblemTrees` keeps:
   (the history the length classes of Sec. 4.2.3 start from; a cancelled or aborted
   rollout's tokens are kept, its length is not).
 
+Per decode step the drafter feeds and drafts every row in one call,
+:meth:`ProblemTrees.feed_and_draft`: the store resolves each row's sequence id to its
+tree's index in a :class:`~vllm_rl.das.tree.TreeTable` (an array lookup) and accounts the
+tokens in bulk, and one C++ call without the GIL extends every growing rollout and then
+drafts for every row (:func:`vllm_rl.das.tree.feed_and_draft`).
+
 Each stored sequence is the last ``prompt_tail`` prompt tokens followed by the rollout,
 so the first output tokens of a new sample already have a context to match.  A tree
 whose last rollout leaves is dropped, and its memory with it.  The store lives as long
@@ -25,7 +31,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from vllm_rl.das.tree import SuffixTree
+import numpy as np
+
+from vllm_rl.das.tree import BatchDrafts, SuffixTree, TreeTable, feed_and_draft
 
 
 @dataclass
@@ -37,6 +45,7 @@ class Problem:
     requests: int = 0        # rollouts ever started or inserted
     drafted: int = 0         # draft tokens proposed from this tree
     accepted: int = 0        # of which accepted
+    index: int = -1          # the tree's index in the store's TreeTable
 
 
 class ProblemTrees:
@@ -50,12 +59,19 @@ class ProblemTrees:
         self._fifo: deque[int] = deque()                # finished seq ids, global order
         self._next_seq = 0
         self.stored_tokens = 0
+        self.table = TreeTable()                        # the trees by index, for batches
+        # By sequence id (ids are dense): the table index of the tree a growing rollout
+        # feeds (-1: finished, cleared or never started), and the tokens fed by batches
+        # not yet folded into _size (folded when the rollout ends).
+        self._tree_of = np.full(1024, -1, dtype=np.int32)
+        self._batched = np.zeros(1024, dtype=np.int64)
 
     # ----------------------------------------------------------------- rollouts
     def problem(self, problem_id: str) -> Problem:
         p = self.problems.get(problem_id)
         if p is None:
-            p = self.problems[problem_id] = Problem(SuffixTree(self.max_depth))
+            tree = SuffixTree(self.max_depth)
+            p = self.problems[problem_id] = Problem(tree, index=self.table.add(tree))
         return p
 
     def start(self, problem_id: str, prompt_tail: Sequence[int]) -> int:
@@ -64,6 +80,7 @@ class ProblemTrees:
         seq = self._new_seq(problem_id)
         p.growing.add(seq)
         p.requests += 1
+        self._tree_of[seq] = p.index
         self.extend(problem_id, seq, prompt_tail)
         return seq
 
@@ -80,6 +97,7 @@ class ProblemTrees:
         if p is None or seq not in p.growing:
             return
         p.growing.discard(seq)
+        self._fold(seq)
         if seq in p.tree:
             p.tree.finish(seq)
             self._finished(problem_id, p, seq, output_len if natural else None)
@@ -116,11 +134,37 @@ class ProblemTrees:
                 continue
             dropped += 1
             for seq in list(p.finished) + list(p.growing):
+                self._fold(seq)
                 _, n = self._size.pop(seq, (pid, 0))
                 self.stored_tokens -= n
+            self.table.remove(p.index)
         live = set(self._size)
         self._fifo = deque(s for s in self._fifo if s in live)
         return dropped
+
+    def feed_and_draft(self, seqs: np.ndarray, tokens: np.ndarray, offsets: np.ndarray,
+                       feed: np.ndarray, contexts: np.ndarray, context_len: np.ndarray,
+                       max_tokens: np.ndarray, min_prob: np.ndarray,
+                       backoff: bool = True) -> BatchDrafts:
+        """One decode step for many rows (:func:`vllm_rl.das.tree.feed_and_draft`): row
+        ``i`` appends ``tokens[offsets[i]:offsets[i] + feed[i]]`` to its growing rollout
+        ``seqs[i]`` (int64; -1, or a rollout that is not growing in a live tree: the row
+        is skipped, as :meth:`extend` skips it), then drafts ``max_tokens[i]`` tokens
+        from ``contexts[i, :context_len[i]]`` at ``min_prob[i]``.  The ids of the rows
+        that feed must be distinct.  Sizes are accounted in bulk; Python work is per
+        step, not per row."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        tree_idx = np.full(len(seqs), -1, dtype=np.int32)
+        known = (seqs >= 0) & (seqs < self._next_seq)
+        tree_idx[known] = self._tree_of[seqs[known]]
+        feeding = (tree_idx >= 0) & (feed > 0)
+        fed = seqs[feeding]
+        if len(fed):
+            counts = feed[feeding].astype(np.int64)
+            self._batched[fed] += counts
+            self.stored_tokens += int(counts.sum())
+        return feed_and_draft(self.table, tree_idx, seqs, tokens, offsets, feed, contexts,
+                              context_len, max_tokens, min_prob, backoff)
 
     def lengths(self, problem_id: str) -> list[int]:
         p = self.problems.get(problem_id)
@@ -148,7 +192,21 @@ class ProblemTrees:
         seq = self._next_seq
         self._next_seq += 1
         self._size[seq] = (problem_id, 0)
+        if seq >= len(self._tree_of):        # 12 bytes per rollout ever started
+            self._tree_of = np.concatenate([self._tree_of, np.full_like(self._tree_of, -1)])
+            self._batched = np.concatenate([self._batched, np.zeros_like(self._batched)])
         return seq
+
+    def _fold(self, seq: int) -> None:
+        """A rollout stops growing: its batch-fed tokens join its size, it feeds no more."""
+        if seq < len(self._tree_of):
+            self._tree_of[seq] = -1
+            n = int(self._batched[seq])
+            if n:
+                self._batched[seq] = 0
+                pid, size = self._size.get(seq, (None, 0))
+                if pid is not None:
+                    self._size[seq] = (pid, size + n)
 
     def _grow(self, seq: int, n: int) -> None:
         pid, size = self._size[seq]
@@ -186,6 +244,7 @@ class ProblemTrees:
     def _drop_if_empty(self, problem_id: str, p: Problem) -> None:
         if not p.finished and not p.growing and self.problems.get(problem_id) is p:
             del self.problems[problem_id]
+            self.table.remove(p.index)
 
 
 __all__ = ["ProblemTrees"]

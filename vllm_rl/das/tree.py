@@ -18,7 +18,10 @@ C++ (``csrc/suffix_tree.h`` documents the invariants):
   the most frequent child (ties: smallest token id) while the cumulative probability
   prod count(child)/count(parent) stays >= ``min_prob``, up to b tokens;
 * every call releases the GIL; ``draft_batch`` drafts for many contexts of one tree and
-  :func:`draft_many` for many (tree, context) pairs (per-problem trees) in one call.
+  :func:`draft_many` for many (tree, context) pairs (per-problem trees) in one call;
+* :func:`feed_and_draft` is a whole drafter step in one call: every row appends its new
+  tokens to its rollout, then every row drafts (per-row budget and ``min_prob``), from
+  numpy arrays, with the trees named by index in a :class:`TreeTable`.
 
 Example::
 
@@ -30,10 +33,16 @@ Example::
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
+
 from vllm_rl import _C
 
 Draft = _C.Draft
 UnknownSequenceError = _C.UnknownSequenceError
+TreeTable = _C.TreeTable
+draft_lists = _C.draft_lists
 
 
 class SuffixTree(_C.SuffixTree):
@@ -75,4 +84,41 @@ def draft_many(trees, contexts, max_tokens, min_prob: float = 0.1,
     return _C.draft_many(trees, contexts, max_tokens, min_prob, backoff)
 
 
-__all__ = ["SuffixTree", "Draft", "UnknownSequenceError", "draft_many"]
+class BatchDrafts(NamedTuple):
+    """What :func:`feed_and_draft` returns: row ``i``'s draft is
+    ``drafts[i, :lengths[i]]`` (int32); the CPU time (the calling thread's) of the feed
+    and the draft phases."""
+
+    drafts: np.ndarray
+    lengths: np.ndarray
+    feed_ns: int
+    draft_ns: int
+
+    def lists(self) -> list[list[int]]:
+        """The drafts as ``list[list[int]]`` (vLLM's proposer return type), built in C++."""
+        return draft_lists(self.drafts, self.lengths)
+
+
+def feed_and_draft(trees, tree_idx, seq_ids, tokens, offsets, feed, contexts, context_len,
+                   max_tokens, min_prob, backoff: bool = True) -> BatchDrafts:
+    """One drafter step for many rows in one C++ call without the GIL (DAS Sec. 4.1.2:
+    the trees are updated online and drafted from at every step).
+
+    Row ``i`` uses ``trees[tree_idx[i]]`` (a :class:`TreeTable`, or a list of trees;
+    a negative index skips the row).  First every row appends
+    ``tokens[offsets[i]:offsets[i + 1]]`` (the first ``feed[i]`` of them, unless
+    ``feed`` is None) to its growing sequence ``seq_ids[i]`` (created if new), exactly as
+    ``tree.extend``; then every row with ``max_tokens[i] > 0`` drafts as
+    ``tree.draft(contexts[i, :context_len[i]], max_tokens[i], min_prob[i], backoff)``.
+    Every draft sees the whole step's feed.  numpy arrays with exact dtypes: int32
+    ``tree_idx``, ``tokens``, ``feed``, ``contexts`` (2-D), ``context_len``,
+    ``max_tokens``; int64 ``seq_ids``, ``offsets`` (rows + 1); float64 ``min_prob``.
+    Bad arrays raise ``TypeError``/``ValueError`` before any tree changes.
+    """
+    return BatchDrafts(*_C.feed_and_draft(trees, tree_idx, seq_ids, tokens, offsets, feed,
+                                          contexts, context_len, max_tokens, min_prob,
+                                          backoff))
+
+
+__all__ = ["SuffixTree", "Draft", "UnknownSequenceError", "draft_many", "TreeTable",
+           "BatchDrafts", "feed_and_draft", "draft_lists"]

@@ -2,10 +2,12 @@
 
 Per sample, with ``t`` its number of generated tokens:
 
-* polling (l.17): from ``t >= K1`` on, every ``poll`` tokens, the marker detector reads
-  the decoded last 256 tokens; the detectors fire only on a complete answer span, so a
-  sample whose marker fires ends at that poll (tail trim, l.20: within ``poll <= G``
-  tokens of the marker, never past ``tau_marker + G``);
+* polling (l.17): from ``t >= K1`` on, every ``poll`` tokens, the sample's incremental
+  marker detector reads the bytes of the tokens generated since its last poll
+  (:mod:`vllm_rl.duet.markers`, over the vocabulary table of :mod:`vllm_rl.duet.vocab`:
+  no decoding); the detectors fire only on a complete answer span, so a sample whose
+  marker fires ends at that poll (tail trim, l.20: within ``poll <= G`` tokens of the
+  marker, never past ``tau_marker + G``);
 * gate (l.23-30): a sample reaching ``t >= K2 + G`` with no marker draws one coin,
   reproducible from the request seed: with probability ``1 - eps`` it is aborted now
   (weight 0), else it is kept to its natural end with weight ``1/eps`` (no trim, no
@@ -22,6 +24,10 @@ of the *natural* stopping length, estimated from every DUET sample's end with th
 that other techniques (or the gate itself, or ``max_tokens``) cut short counted as
 right-censored, and the coins' survivors reweighted by their inverse propensities.  The
 policy only decides; the scheduler ends the request.
+
+Per step a DUET sample costs one integer comparison (``num_tokens < next_check``) except
+at a poll or at the gate; a poll costs the join of its new tokens' bytes and a resumed
+scan (:class:`~vllm_rl.duet.markers.Marker`).
 """
 from __future__ import annotations
 
@@ -30,10 +36,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from vllm_rl.coins import seeded_uniform
-from vllm_rl.duet.markers import Detector
+from vllm_rl.duet.markers import Marker
 from vllm_rl.flags import DuetFlags
-
-WINDOW_TOKENS = 256      # the detector reads the last 256 tokens (App. A.3)
 
 
 class Action(enum.Enum):
@@ -46,7 +50,7 @@ class DuetState:
     """One sample's DUET state, created at admission."""
 
     flags: DuetFlags
-    detector: Detector
+    detector: Marker
     k1: int
     k2: int
     coin: float                       # U ~ Uniform[0, 1), drawn once from the seed
@@ -55,10 +59,19 @@ class DuetState:
     next_poll: int = 0
     marker_pos: int | None = None     # tokens generated when the marker was seen
     keep_decided: bool = False        # the gate has been reached (l.24)
+    next_check: int = 0               # tokens at which step() next has something to do
 
     def __post_init__(self) -> None:
         if self.eps < 0:
             self.eps = self.flags.eps
+        self._plan()
+
+    def _plan(self) -> None:
+        """The next token count at which a poll or the gate is due."""
+        if self.keep_decided:
+            self.next_check = 1 << 62
+        else:
+            self.next_check = min(max(self.k1, self.next_poll), self.k2 + self.flags.grace)
 
     @property
     def keep_prob(self) -> float:
@@ -82,25 +95,26 @@ def seeded_coin(seed: int | None, prompt_token_ids, request_id: str) -> float:
     return seeded_uniform("duet-coin", seed, prompt_token_ids, request_id)
 
 
-def step(state: DuetState, num_tokens: int, text_of_tail) -> Action | None:
-    """Apply Alg. A.10 l.17-30 after the sample has ``num_tokens`` tokens.
-
-    ``text_of_tail()`` decodes the last :data:`WINDOW_TOKENS` tokens; it is called only
-    on a poll.
+def step(state: DuetState, num_tokens: int, tokens, table: list[bytes]) -> Action | None:
+    """Apply Alg. A.10 l.17-30 after the sample has ``num_tokens`` tokens (``tokens``:
+    its output token ids; ``table``: token id -> bytes).  The caller may skip it while
+    ``num_tokens < state.next_check``: nothing is due then.
     """
     f = state.flags
     if state.keep_decided:
         return None                                   # eps-kept: runs to its natural end
+    action = None
     if num_tokens >= state.k1 and num_tokens >= state.next_poll:
         state.next_poll = num_tokens - num_tokens % f.poll + f.poll
-        if state.detector(text_of_tail()):
+        if state.detector.poll(table, tokens):
             state.marker_pos = num_tokens
-            return Action.TRIM
-    if num_tokens >= state.k2 + f.grace:
+            action = Action.TRIM
+    if action is None and num_tokens >= state.k2 + f.grace:
         state.keep_decided = True
         if state.coin >= state.eps:
-            return Action.ABORT
-    return None
+            action = Action.ABORT
+    state._plan()
+    return action
 
 
 @dataclass
@@ -180,5 +194,4 @@ def km_quantile(observations, q: float) -> int:
     return max(length for length, _, _ in observations)
 
 
-__all__ = ["Action", "DuetState", "OnlineThresholds", "WINDOW_TOKENS", "km_quantile", "seeded_coin",
-           "step"]
+__all__ = ["Action", "DuetState", "OnlineThresholds", "km_quantile", "seeded_coin", "step"]

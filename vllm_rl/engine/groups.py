@@ -31,6 +31,8 @@ class Member:
     draft_proposed: int = 0     # speculative tokens this sample was verified on
     draft_accepted: int = 0     # of which the model accepted (and the sample kept)
     step_accepted: int = 0      # accepted this step, until the update sees what is kept
+    tokens_before: int = 0      # output tokens before this step's update (DAS counts)
+    ended: bool = False         # its record is written (an early or a natural end)
     weight_version: int = 0     # the engine's weight version of its first token
     # weight syncs it ran across: (new version, output-token index where it began)
     version_starts: list[tuple[int, int]] = field(default_factory=list)

@@ -4,19 +4,24 @@ Use it with ``scheduler_cls="vllm_rl.engine.scheduler.RLScheduler"`` (``vllm_rl.
 ``vllm_rl.engine_args`` set it for you).  :class:`RLScheduler` extends vLLM's
 ``AsyncScheduler``; :class:`RLSyncScheduler` the same logic on vLLM's synchronous
 ``Scheduler``, for engines whose speculative method runs on the CPU (DAS), which vLLM
-schedules synchronously.  A request without RL flags takes exactly
-vLLM's path; a request with flags gets a :class:`~vllm_rl.engine.groups.Member` at
-admission, and per step:
+schedules synchronously.  A request without RL flags takes exactly vLLM's path: no
+method of vLLM's per-request loop is overridden, and with no flagged request live
+``update_from_output`` is vLLM's own.  A request with flags gets a
+:class:`~vllm_rl.engine.groups.Member` at admission, and per step, after vLLM's update
+(its tokens appended, its own stop checks done), over the flagged samples the step ran:
 
+* a sample that ended by itself gets its record as vLLM frees it (``_free_request``,
+  before vLLM builds the final output that carries it);
 * a sample the worker scored at ``l_detect`` this step (ARRoL: the verdict comes with
   the step's output, ``ModelRunnerOutput.vllm_rl_arrol``) ends if its coin pruned it;
-* its new tokens pass through the enabled per-sample policy (DUET), which may end it
-  (answer complete: trimmed; no marker past ``K2 + G``: aborted unless its coin keeps it);
-* after the step, a group whose M shortest valid samples are known (DARTS early stop,
-  exact: every sibling still generating has at least as many tokens as the M-th
-  shortest finished one) is stopped, and the scheduler finishes every other live member
-  at the end of the same step, freeing their KV blocks and returning their partial
-  output with a reason.
+* DUET's rule may end it (answer complete: trimmed; no marker past ``K2 + G``: aborted
+  unless its coin keeps it): one comparison per sample unless a poll or the gate is due;
+* a group whose M shortest valid samples are known (DARTS early stop, exact: every
+  sibling still generating has at least as many tokens as the M-th shortest finished
+  one) is stopped, and its live members are finished.
+
+Every sample ended early is finished in the same step through vLLM's
+``finish_requests`` (KV blocks freed now) and gets a final output of its own.
 
 When several techniques act on one group, the composition rule of
 ``docs/ARCHITECTURE.md`` decides who may remove what: inside a DARTS group DUET's gate is
@@ -25,10 +30,13 @@ would is overruled and the record says so); pruned, aborted and cancelled sample
 count toward M.
 
 Every early end keeps the tokens (and logprobs) the model really produced and writes a
-:class:`~vllm_rl.outcome.RolloutInfo` record into the request's ``stop_reason``.  With
-speculative decoding a step may bring several tokens; the policies read the count, so
-a poll or a gate crossed inside a step is seen at that step, and the record counts the
-draft tokens each sample was verified on and how many were accepted.
+:class:`~vllm_rl.outcome.RolloutInfo` record into the request's ``stop_reason`` (one
+writer, :mod:`vllm_rl.engine.records`).  Each technique's engine state lives in its
+folder (:mod:`vllm_rl.duet.engine`, :mod:`vllm_rl.arrol.engine`, :mod:`vllm_rl.das.engine`);
+this scheduler keeps admission, composition and ending.  With speculative decoding a
+step may bring several tokens; the rules read the count, so a poll or a gate crossed
+inside a step is seen at that step, and the record counts the draft tokens each sample
+was verified on and how many were accepted.
 """
 from __future__ import annotations
 
@@ -38,15 +46,16 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
+from vllm_rl.arrol import engine as arrol
 from vllm_rl.arrol.config import check_runner
-from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
 from vllm_rl.darts import rule as darts
-from vllm_rl.duet import markers
-from vllm_rl.duet import rule as duet
-from vllm_rl.arrol.rule import ArrolVerdict
+from vllm_rl.das import engine as das
+from vllm_rl.duet.engine import DuetEngine
+from vllm_rl.engine import records
+from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
 from vllm_rl.engine.trace import TraceMixin
 from vllm_rl.flags import KEY, read_or_warn
-from vllm_rl.outcome import Reason, RolloutInfo
+from vllm_rl.outcome import Reason
 
 logger = init_logger(__name__)
 
@@ -72,9 +81,8 @@ class RLSchedulerMixin(TraceMixin):
         self.rl_stats = {"groups_stopped": 0, "groups_resolved": 0, "stop_wait_steps": 0,
                          "arrol_scored": 0, "arrol_pruned": 0, "arrol_floor": 0}
         self._arrol_pending: list[Member] = []
-        self.duet_thresholds: dict[str, duet.OnlineThresholds] = {}
-        self._duet_live: dict[str, int] = {}
-        self._tokenizer = None
+        self.duet = DuetEngine(self._load_tokenizer,
+                               self.vllm_config.model_config.get_vocab_size())
         # Weight syncs seen (every prefix-cache reset is one: ``reset_prefix_cache``)
         # and the last one's report.
         self.rl_weight_version = 0
@@ -108,85 +116,87 @@ class RLSchedulerMixin(TraceMixin):
             return None
         member = Member(request.request_id, flags, weight_version=self.rl_weight_version)
         if flags.duet is not None:
-            member.duet = self._duet_state(request, flags.duet, flags.darts is not None)
+            member.duet = self.duet.admit(
+                flags.duet, request.max_tokens, request.sampling_params.seed,
+                request.prompt_token_ids, request.request_id, flags.darts is not None)
         return member
 
-    def _duet_state(self, request: Request, f, in_darts: bool) -> duet.DuetState:
-        kind = _duet_kind(f)
-        online = self.duet_thresholds.setdefault(kind, duet.OnlineThresholds())
-        cold_k1, cold_k2 = online.thresholds(request.max_tokens)
-        prompt = ""
-        if f.marker == "code" and f.pattern is None:
-            prompt = self.tokenizer.decode(request.prompt_token_ids or [])
-        self._duet_live[kind] = self._duet_live.get(kind, 0) + 1
-        return duet.DuetState(
-            flags=f, detector=markers.detector(f.marker, f.pattern, prompt),
-            k1=cold_k1 if f.k1 is None else f.k1, k2=cold_k2 if f.k2 is None else f.k2,
-            coin=duet.seeded_coin(request.sampling_params.seed, request.prompt_token_ids,
-                                  request.request_id),
-            eps=0.0 if in_darts else f.eps)       # composition: the gate caps DARTS's pool
-
-
     @property
-    def tokenizer(self):
-        if self._tokenizer is None:
-            from vllm.tokenizers import cached_tokenizer_from_config
+    def duet_thresholds(self):
+        """DUET's online K1/K2 estimators per marker kind (:mod:`vllm_rl.duet.engine`)."""
+        return self.duet.thresholds
 
-            self._tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
-        return self._tokenizer
+    def _load_tokenizer(self):
+        """The engine's tokenizer, for DUET's one read of the vocabulary (never to decode)."""
+        from vllm.tokenizers import cached_tokenizer_from_config
+
+        return cached_tokenizer_from_config(self.vllm_config.model_config)
 
     # ------------------------------------------------------------------ per step
-    def _update_request_with_output(
-        self, request: Request, new_token_ids: list[int], is_stale: bool = False
-    ) -> tuple[list[int], bool]:
-        new_token_ids, stopped = super()._update_request_with_output(
-            request, new_token_ids, is_stale)
-        member = self.rl_members.get(request.request_id)
-        if member is None:
-            return new_token_ids, stopped
-        if member.step_accepted:       # accepted drafts among the tokens the sample kept
-            member.draft_accepted += min(member.step_accepted, len(new_token_ids))
-            member.step_accepted = 0
-        group = member.group
-        if group is not None and group.stopped:
-            # Its group already has its M shortest (possibly earlier in this very step).
-            request.status = EARLY_END_STATUS
-            _write_cancel_record(request, member)
-            if member.duet is not None:
-                self._duet_observe(member, Reason.DARTS_CANCELLED, request.num_output_tokens)
-            return new_token_ids, True
-        if stopped:
-            self._record_end(request, member, _natural_reason(request))
-        elif member.arrol_pending:         # pruned by its ARRoL verdict this step
-            member.arrol_pending = False
-            request.status = EARLY_END_STATUS
-            self._record_end(request, member, Reason.ARROL_PRUNED)
-            return new_token_ids, True
-        elif member.duet is not None:
-            action = duet.step(member.duet, request.num_output_tokens,
-                               lambda: self.tokenizer.decode(
-                                   request.output_token_ids[-duet.WINDOW_TOKENS:]))
-            if action is not None:
-                request.status = EARLY_END_STATUS
-                self._record_end(request, member, _DUET_REASON[action])
-                return new_token_ids, True
-        return new_token_ids, stopped
-
     def update_from_output(self, scheduler_output, model_runner_output):
-        if scheduler_output.scheduled_spec_decode_tokens and self.rl_members:
-            self._count_drafts(scheduler_output, model_runner_output)
+        """vLLM's own update, with the RL rules before and after it (no per-request hook
+        inside vLLM's loop: a flagless request costs exactly what it costs on vLLM):
+
+        * before: DAS's draft counts and ARRoL's verdicts of this step;
+        * vLLM's body: tokens appended, its stop checks; a flagged sample that ended by
+          itself gets its record as vLLM frees it (:meth:`_free_request`);
+        * after, over the flagged samples only: ARRoL prunes, DUET's gate and marker,
+          DARTS's early stop; each one ended is finished now (KV freed) with its record.
+        """
         self.rl_step += 1
+        members = self.rl_members
+        if not members:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        if spec:
+            das.count_drafts(members, self.requests, spec,
+                             model_runner_output.sampled_token_ids,
+                             model_runner_output.req_id_to_index)
         verdicts = getattr(model_runner_output, "vllm_rl_arrol", None)
         if verdicts:
             self._take_verdicts(verdicts)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if self._arrol_pending:
-            self._prune_pending(outputs)
+        self._apply_rules(scheduler_output.num_scheduled_tokens, outputs)
         if self._watched:
             self._check_watched()
         if self._stopped_groups:
             self._cancel_stopped_groups(outputs)
         return outputs
+
+    def _apply_rules(self, scheduled: dict, outputs: dict[int, EngineCoreOutputs]) -> None:
+        """The per-sample rules after vLLM's update, for the flagged samples this step
+        ran: a pruned verdict ends it (ARRoL), else DUET's poll or gate may; a sample of
+        an already stopped group (one that arrived late) is cancelled.  Hot path: per
+        flagged sample a dict lookup and a comparison unless a rule is due."""
+        ends: list[str] = []
+        requests = self.requests
+        for rid, member in self.rl_members.items():
+            if rid not in scheduled:
+                continue
+            request = requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            if member.step_accepted:
+                das.keep_accepted(member, request.num_output_tokens)
+            state = member.duet
+            if member.group is not None and member.group.stopped:
+                self._write_cancelled(request, member)
+            elif member.arrol_pending:
+                member.arrol_pending = False
+                self._record_end(request, member, Reason.ARROL_PRUNED)
+            elif state is not None and request.num_output_tokens >= state.next_check:
+                reason = self.duet.step(state, request.num_output_tokens,
+                                        request.output_token_ids)
+                if reason is None:
+                    continue
+                self._record_end(request, member, reason)
+            else:
+                continue
+            ends.append(rid)
+        if self._arrol_pending:                # pruned, but not run this step
+            self._prune_pending(ends)
+        if ends:
+            self._finish_now(ends, outputs)
 
     def _take_verdicts(self, verdicts: dict) -> None:
         """ARRoL verdicts of this step: each sample's first one is kept (a request is
@@ -197,7 +207,7 @@ class RLSchedulerMixin(TraceMixin):
             member = self.rl_members.get(rid)
             if member is None or member.flags.arrol is None or member.arrol is not None:
                 continue
-            verdict = ArrolVerdict(*verdict)
+            verdict = arrol.verdict(verdict)
             if verdict.pruned and _at_floor(member):
                 verdict = verdict._replace(pruned=False)
                 member.arrol_floor = True
@@ -208,11 +218,10 @@ class RLSchedulerMixin(TraceMixin):
                 self._arrol_pending.append(member)
             self.rl_stats["arrol_scored"] += 1
 
-    def _prune_pending(self, outputs: dict[int, EngineCoreOutputs]) -> None:
-        """Pruned samples that had no new token this step (a recomputed prefill chunk)
-        end now, like an early-stopped group's members."""
+    def _prune_pending(self, ends: list[str]) -> None:
+        """Pruned samples that did not run this step (a verdict for a request preempted
+        since) end now too."""
         pending, self._arrol_pending = self._arrol_pending, []
-        ends = []
         for member in pending:
             request = self.requests.get(member.request_id)
             if not member.arrol_pending or request is None or request.is_finished():
@@ -220,8 +229,6 @@ class RLSchedulerMixin(TraceMixin):
             member.arrol_pending = False
             self._record_end(request, member, Reason.ARROL_PRUNED)
             ends.append(member.request_id)
-        if ends:
-            self._finish_now(ends, outputs)
 
     def _check_watched(self) -> None:
         """Stop each watched group whose M shortest valid samples are now known."""
@@ -241,33 +248,20 @@ class RLSchedulerMixin(TraceMixin):
                     self.rl_stats["groups_stopped"] += 1
                     self._stopped_groups.append(group)
 
-    def _count_drafts(self, scheduler_output, model_runner_output) -> None:
-        """Per sample: draft tokens verified this step, and how many were accepted (of
-        which those the sample keeps, i.e. not past a stop, count at its update)."""
-        sampled = model_runner_output.sampled_token_ids
-        index = model_runner_output.req_id_to_index
-        for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
-            member = self.rl_members.get(req_id)
-            i = index.get(req_id)
-            if member is None or i is None or not sampled or not sampled[i]:
-                continue
-            member.draft_proposed += sum(1 for t in spec if t >= 0)
-            member.step_accepted = len(sampled[i]) - 1   # kept ones counted at the update
-
     def _free_request(self, request: Request, delay_free_blocks: bool = False):
+        """Every end passes here (vLLM's stop checks, our early ends, client aborts).  A
+        flagged sample that ended by itself (EOS, stop, length) gets its record now,
+        before vLLM builds its final output, which carries ``stop_reason``."""
         member = self.rl_members.pop(request.request_id, None)
         if member is not None:
+            if not member.ended and request.status in _NATURAL:
+                if member.step_accepted:
+                    das.keep_accepted(member, request.num_output_tokens)
+                self._record_end(request, member, _natural_reason(request))
             self.rl_groups.leave(member)
             if member.duet is not None:
-                self._duet_left(member.duet)
+                self.duet.leave(member.duet)
         return super()._free_request(request, delay_free_blocks)
-
-    def _duet_left(self, state: duet.DuetState) -> None:
-        """A round of DUET sampling ends when the engine has none left (App. A.3 refit)."""
-        kind = _duet_kind(state.flags)
-        self._duet_live[kind] -= 1
-        if self._duet_live[kind] == 0:
-            self.duet_thresholds[kind].end_round()
 
     # ------------------------------------------------------------------ weight syncs
     def reset_prefix_cache(self, reset_running_requests: bool = False,
@@ -316,7 +310,8 @@ class RLSchedulerMixin(TraceMixin):
     def _record_end(self, request: Request, member: Member, reason: Reason) -> None:
         """A sample ended by itself or by its own policy: count it, maybe stop its group,
         and write its record."""
-        group, state = member.group, member.duet
+        member.ended = True
+        group = member.group
         if group is not None:
             self.rl_groups.record_end(member, reason.valid, request.num_output_tokens)
             rl = member.flags
@@ -324,34 +319,20 @@ class RLSchedulerMixin(TraceMixin):
                     and darts.watches(rl.darts, rl.group, group.valid)):
                 group.full_at_step = self.rl_step
                 self._watched[group.flags.id] = group
-        weight = 1.0
-        if state is not None:
-            weight = 0.0 if reason is Reason.DUET_ABORTED else state.weight
-            self._duet_observe(member, reason, request.num_output_tokens)
+        if member.duet is not None:
+            self.duet.observe(member.duet, reason, request.num_output_tokens,
+                              arrol.survival_weight(member))
         if reason is Reason.ARROL_PRUNED:
-            weight = 0.0
             self.rl_stats["arrol_pruned"] += 1
-        request.stop_reason = RolloutInfo(
-            reason=reason, length=request.num_output_tokens, weight=weight,
-            group_id=group.flags.id if group else None, finish_rank=member.finish_rank,
-            stop=request.stop_reason if reason in (Reason.EOS, Reason.STOP) else None,
-            **_draft_fields(member), **_arrol_fields(member, reason),
-            **_version_fields(member),
-            **(_duet_fields(state) if state is not None else {})).encode()
+        records.write(request, member, reason)
 
-    def _duet_observe(self, member: Member, reason: Reason, length: int) -> None:
-        """One DUET sample's end into its kind's natural-length window
-        (:class:`~vllm_rl.duet.rule.OnlineThresholds`): an event if the model
-        (or its marker) ended it, right-censored if something cut it short; a coin's
-        survivor weighted by its inverse propensity, a coin's casualty left out."""
-        state = member.duet
-        if reason is Reason.ARROL_PRUNED or (reason is Reason.DUET_ABORTED and state.eps > 0):
-            return
-        weight = 1.0 / state.keep_prob if state.keep_prob > 0 else 1.0  # eps = 0: censored
-        verdict = member.arrol
-        if verdict is not None and verdict.p and not member.arrol_floor:
-            weight /= verdict.p
-        self.duet_thresholds[_duet_kind(state.flags)].observe(length, reason.valid, weight)
+    def _write_cancelled(self, request: Request, member: Member) -> None:
+        """A member of an early-stopped group: cancelled (DARTS Alg. 2 l.12)."""
+        member.ended = True
+        if member.duet is not None:
+            self.duet.observe(member.duet, Reason.DARTS_CANCELLED, request.num_output_tokens,
+                              arrol.survival_weight(member))
+        records.write(request, member, Reason.DARTS_CANCELLED)
 
     def _cancel_stopped_groups(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         """Finish the live members of early-stopped groups now and free their blocks."""
@@ -361,10 +342,7 @@ class RLSchedulerMixin(TraceMixin):
             for member in members:
                 request = self.requests.get(member.request_id)
                 if request is not None:
-                    _write_cancel_record(request, member)
-                    if member.duet is not None:
-                        self._duet_observe(member, Reason.DARTS_CANCELLED,
-                                           request.num_output_tokens)
+                    self._write_cancelled(request, member)
             self._finish_now([m.request_id for m in members], outputs)
 
     def _finish_now(self, request_ids: list[str], outputs: dict[int, EngineCoreOutputs]) -> None:
@@ -384,24 +362,6 @@ class RLSchedulerMixin(TraceMixin):
             ))
 
 
-def _write_cancel_record(request: Request, member: Member) -> None:
-    request.stop_reason = RolloutInfo(
-        reason=Reason.DARTS_CANCELLED, length=request.num_output_tokens, weight=0.0,
-        group_id=member.group.flags.id if member.group else None, **_draft_fields(member),
-        **_arrol_fields(member, Reason.DARTS_CANCELLED), **_version_fields(member),
-        **(_duet_fields(member.duet) if member.duet is not None else {})).encode()
-
-
-def _arrol_fields(member: Member, reason: Reason) -> dict:
-    v = member.arrol
-    if v is None:
-        return {}
-    return {"score": v.score, "q": v.q, "p": v.p, "head_version": v.version,
-            "pruned": reason is Reason.ARROL_PRUNED, "hidden": v.hidden,
-            "trace": list(v.trace) if v.trace is not None else None,
-            "floor": True if member.arrol_floor else None}
-
-
 def _at_floor(member: Member) -> bool:
     """Pruning ``member`` would leave its DARTS group fewer than M samples that can still
     be selected: valid ones that ended, live ones not being pruned, ones not yet arrived."""
@@ -411,15 +371,6 @@ def _at_floor(member: Member) -> bool:
     others = sum(1 for m in group.live.values() if m is not member and not m.arrol_pending)
     missing = max(0, group.flags.redundant - group.arrived)
     return group.valid + others + missing < group.flags.size
-
-
-def _version_fields(member: Member) -> dict:
-    """The weight version of the sample's first token; where it ran across weight syncs,
-    each version and the output-token index where it began."""
-    if not member.version_starts:
-        return {"weight_version": member.weight_version}
-    spans = [[member.weight_version, 0]] + [[v, i] for v, i in member.version_starts]
-    return {"weight_version": member.weight_version, "weight_versions": spans}
 
 
 def _cached_blocks(kv_cache_manager) -> int | None:
@@ -432,22 +383,7 @@ def _cached_blocks(kv_cache_manager) -> int | None:
         return None
 
 
-def _draft_fields(member: Member) -> dict:
-    if member.flags.das is None:
-        return {}
-    return {"draft_proposed": member.draft_proposed, "draft_accepted": member.draft_accepted}
-
-
-def _duet_fields(state: duet.DuetState) -> dict:
-    return {"marker_pos": state.marker_pos, "keep_prob": state.keep_prob,
-            "k1": state.k1, "k2": state.k2}
-
-
-def _duet_kind(f) -> str:
-    return "pattern" if f.pattern is not None else f.marker
-
-
-_DUET_REASON = {duet.Action.TRIM: Reason.DUET_TRIMMED, duet.Action.ABORT: Reason.DUET_ABORTED}
+_NATURAL = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 
 
 def _natural_reason(request: Request) -> Reason:

@@ -37,6 +37,8 @@ ENV_CONFIG = "VLLM_RL_OPENRLHF_CONFIG"  # path of a JSON / YAML settings file
 SETTINGS_KWARG = "vllm_rl_settings"   # the actor's constructor keyword carrying them
 RECORD_KEY = "vllm_rl"                # response dict: the record (RolloutInfo wire string)
 FLAGS_KEY = "vllm_rl_flags"           # response dict: the flags the sample ran with (JSON)
+HIDDEN_KEY = "vllm_rl_hidden"         # response dict: ARRoL's hidden state at l_detect
+                                      # (return_hidden: float32 numpy vector, else None)
 ENGINE_SETTINGS = ("das", "arrol", "cost", "trace")
 SETTINGS = (*ENGINE_SETTINGS, "flags", "policy", "engine")
 ENGINE_MODULE = "openrlhf.trainer.ray.vllm_engine"

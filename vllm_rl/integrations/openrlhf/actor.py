@@ -20,7 +20,9 @@ methods: ``generate_responses``, ``generate``, ``get_num_unfinished_requests``,
   each sample (a multi-turn executor's later turns run as on stock vLLM);
 * every response dict comes back with its record and flags and with the training marks
   of :mod:`.records` applied (``action_ranges`` emptied for a sample that leaves the loss;
-  ``extra_logs`` carrying the weight, which reaches ``Experience.info``);
+  ``extra_logs`` carrying the weight, which reaches ``Experience.info``); with ARRoL's
+  ``return_hidden`` also the hidden states at ``l_detect``, taken from the workers in one
+  ``arrol_hidden`` call per ``generate_responses`` call;
 * ``update_weight`` / ``update_weight_cuda_ipc``: at the last parameter of a sync
   (OpenRLHF's ``empty_cache=True``) the weight sync's cache side follows the load
   (:func:`vllm_rl.weights.weight_sync_async`).  OpenRLHF resets the prefix cache
@@ -28,8 +30,9 @@ methods: ``generate_responses``, ``generate``, ``get_num_unfinished_requests``,
   load would otherwise stay cached under the new weights;
 * ``pause_generation`` / ``resume_generation`` / ``reset_prefix_cache`` are OpenRLHF's;
   the DAS trees, the ARRoL head and DUET's online thresholds stay across them and across
-  weight syncs.  Added: ``das_stats``, ``das_prebuild``, ``das_clear``, ``arrol_update``,
-  ``arrol_info`` (rank 0's answer), ``flush_weights``.
+  weight syncs.  Added: the RL state's methods of :class:`~vllm_rl.integrations.common.rpc.RLStateRPC`
+  (``das_*``, ``arrol_update``, ``arrol_info``, ``arrol_hidden``; rank 0's answer,
+  checked against the engine first), ``flush_weights``.
 
 :data:`RLRolloutRayActor` is the Ray actor class; :class:`RLActorClass` is what the
 launcher puts in place of ``RolloutRayActor``: its ``options(...).remote(...)`` builds
@@ -61,7 +64,7 @@ from vllm_rl.integrations.openrlhf import (  # noqa: E402
 )
 from vllm_rl.integrations.openrlhf.worker import WORKER_EXTENSION  # noqa: E402
 from vllm_rl.integrations.common.rpc import RLStateRPC  # noqa: E402
-from vllm_rl.outcome import RolloutInfo  # noqa: E402
+from vllm_rl.outcome import RolloutInfo, hidden_ids, with_hidden  # noqa: E402
 
 OPENRLHF_WORKER = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"
 ORIGINAL = vllm_engine.RolloutRayActor                 # OpenRLHF's Ray actor class
@@ -178,7 +181,11 @@ class RLRolloutActor(RLStateRPC, _BASE):
         responses = [r for r, _ in results]
         if flags is None:
             return responses
-        return attach(responses, [info for _, info in results], flags)
+        infos = [info for _, info in results]
+        ids = hidden_ids(infos)
+        if ids:                         # return_hidden: the vectors stayed on the workers
+            infos = with_hidden(infos, await self.arrol_hidden(ids))
+        return attach(responses, infos, flags)
 
     # -- weight syncs -----------------------------------------------------------------
     async def update_weight(self, name, dtype, shape, empty_cache=False):
@@ -204,6 +211,10 @@ class RLRolloutActor(RLStateRPC, _BASE):
     async def rl_rpc(self, method: str, args: tuple = ()) -> Any:
         """Call a :class:`vllm_rl.worker.RLWorkerExtension` method; rank 0's answer."""
         return (await self.llm.collective_rpc(method, args=tuple(args)))[0]
+
+    def rl_vllm_config(self) -> Any:
+        """The running engine's config (ARRoL updates checked against its head)."""
+        return getattr(getattr(self, "llm", None), "vllm_config", None)
 
     async def flush_weights(self) -> int:
         """Load weights received but not yet loaded (normally done at the last one)."""

@@ -17,7 +17,9 @@ all zero counts neither as tokens nor as a sample.  So, per sample (the marks of
   its reward counts in the group baseline: DUET's aborted ones do, Alg. A.10 l.38),
   ``vllm_rl/early`` (ended early by a technique), ``vllm_rl/length`` (tokens generated); the response dict also
   carries the record's wire string (``"vllm_rl"``) and the flags (``"vllm_rl_flags"``)
-  for an executor or a reward function of your own.
+  for an executor or a reward function of your own, and with ARRoL's ``return_hidden``
+  the hidden state at ``l_detect`` (``"vllm_rl_hidden"``: a float32 numpy vector taken
+  from the workers, for an :class:`~vllm_rl.arrol.controller.ArrolFeedback`).
 
 **A fractional weight** (DUET's 1/ε) cannot go through the mask: OpenRLHF builds
 ``action_mask`` as 0/1 from the ranges and also divides by its sum (token and sample
@@ -41,7 +43,7 @@ import functools
 import json
 from typing import Any, Sequence
 
-from vllm_rl.integrations.openrlhf import FLAGS_KEY, RECORD_KEY
+from vllm_rl.integrations.openrlhf import FLAGS_KEY, HIDDEN_KEY, RECORD_KEY
 from vllm_rl.outcome import RolloutInfo
 
 WEIGHT = "vllm_rl/weight"
@@ -54,14 +56,16 @@ _WRAPPED = "__vllm_rl_wrapped__"
 
 def attach(responses: list[dict], infos: Sequence[RolloutInfo | None],
            flags: dict | None) -> list[dict]:
-    """Put each sample's record, flags and marks into its response dict (in place; the
-    samples of one ``generate_responses`` call are one group)."""
+    """Put each sample's record, flags, hidden state (if taken) and marks into its
+    response dict (in place; the samples of one ``generate_responses`` call are one
+    group)."""
     from vllm_rl.integrations.common.marks import training_marks
 
     wire = json.dumps(flags, sort_keys=True) if flags is not None else None
     for response, mark in zip(responses, training_marks(infos, [flags] * len(infos))):
         response[RECORD_KEY] = mark.info.encode() if mark.info is not None else None
         response[FLAGS_KEY] = wire
+        response[HIDDEN_KEY] = mark.info.hidden_state() if mark.info is not None else None
         logs = dict(response.get("extra_logs") or {})
         logs[WEIGHT] = float(mark.weight)
         logs[KEEP] = 1.0 if mark.keep else 0.0

@@ -153,6 +153,10 @@ class RLHttpServer(RLStateRPC, vLLMHttpServer):
         """Call a :class:`vllm_rl.worker.RLWorkerExtension` method; rank 0's answer."""
         return (await self.engine.collective_rpc(method, args=tuple(args)))[0]
 
+    def rl_vllm_config(self) -> Any:
+        """The running engine's config (ARRoL updates checked against its head)."""
+        return getattr(getattr(self, "engine", None), "vllm_config", None)
+
     async def num_unfinished_requests(self) -> int:
         """Requests the front end still holds (0 once aborts have drained)."""
         return len(self.engine.output_processor.request_states)

@@ -18,6 +18,9 @@ With an ARRoL engine (``rollout.engine_kwargs.vllm_rl.arrol``) each step's recor
 rewards also train the quality head and its calibration
 (:class:`vllm_rl.arrol.controller.ArrolFeedback`),
 pushed to every replica's server (``RLHttpServer.arrol_update``) before the next rollout.
+The hidden states the records name (``arrol.return_hidden``: kept on the replica that
+ran the sample, the record carries its ``hidden_id``) are taken first, one
+``RLHttpServer.arrol_hidden`` call per replica and step (:func:`fetch_hidden`).
 
 verl branches on ``trainer_mode == "sync"`` for the synchronous semantics (its
 ``ReplayBuffer`` rather than ``ReplayBufferAsync``, whole ``gen_batch_size`` dataloader
@@ -43,6 +46,7 @@ from vllm_rl.arrol.controller import ArrolFeedback
 from vllm_rl.integrations.verl import TRAINER_MODE
 from vllm_rl.integrations.verl.loss import mark_metrics, scale_rows, training_marks
 from vllm_rl.integrations.verl.server import engine_settings
+from vllm_rl.outcome import hidden_ids, with_hidden
 
 
 def rows(values) -> list:
@@ -50,6 +54,18 @@ def rows(values) -> list:
     ``NonTensorStack`` (``TensorDict.pop``), tensordict's ``LinkedList`` (indexing) or a
     numpy array, as verl notes in ``_compute_reward_colocate``."""
     return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
+def fetch_hidden(infos: list, servers: list) -> list:
+    """``infos`` with the hidden states they name, taken from the replicas' servers
+    (``RLStateRPC.arrol_hidden``: each answers the ids it kept; one call per server)."""
+    ids = hidden_ids(infos)
+    if not ids:
+        return infos
+    found: dict = {}
+    for part in ray.get([s.arrol_hidden.remote(ids) for s in servers]):
+        found.update(part)
+    return with_hidden(infos, found)
 
 
 def kept_batch(batch: KVBatchMeta, keep: list[bool]) -> KVBatchMeta:
@@ -131,7 +147,8 @@ class RLTrainerSync(PPOTrainerSync):
         if self._feedback is None:
             flags = (settings.get("flags") or {}).get("arrol") or {}
             self._feedback = ArrolFeedback(flags)
+        replicas = self.llm_server_manager.rollout_replicas
+        infos = fetch_hidden(infos, [r.server_handle for r in replicas])
         update = self._feedback.observe(infos, rewards)
         if update is not None:
-            replicas = self.llm_server_manager.rollout_replicas
             ray.get([r.server_handle.arrol_update.remote(**update) for r in replicas])
