@@ -57,6 +57,7 @@ class Runner:
             buf[i, :n[i]] = self.tokens[r]
         proposer.bind_step(self, SimpleNamespace(scheduled_spec_decode_tokens=drafts or {}))
         out = proposer.propose([sampled.get(r, []) for r in self.rows], n, buf)
+        proposer.settle()           # the background feed, as the next step would wait for it
         return dict(zip(self.rows, out))
 
 

@@ -59,6 +59,15 @@ class DASConfig:
     batch and context (:meth:`vllm_rl.cost.StepCost.linear_at`); their defaults come from
     the PTL of the embedded model on a CPU (``benchmarks/ptl.py``).  ``round_horizon`` rounds in T_short's moving average,
     ``history`` final lengths kept for the class posterior.
+
+    ``background_feed`` (default on): the rows that draft nothing this step have their
+    new tokens fed into the trees on a worker thread, with the GIL released, while the
+    engine schedules and computes the next step; the next :meth:`DASProposer.propose`
+    (or any ``das_*`` call) waits for it first.  The rows that draft are fed before they
+    draft, so a draft sees its own rollout up to its last token; it may miss the last
+    step's token of a sibling rollout that drafted nothing.  Drafts stay lossless (vLLM
+    verifies them) and, since every feed is waited for before the next draft,
+    reproducible.
     """
 
     budget: int = 4
@@ -76,6 +85,7 @@ class DASConfig:
     round_horizon: int = 16
     history: int = 4096
     stats_rounds: int = 4096
+    background_feed: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.budget <= MAX_DRAFT // 2:

@@ -224,7 +224,9 @@ class DASProposer:
         self._verified = 0                      # draft tokens verified in this step
         self.phase_log: deque = deque(maxlen=PHASE_LOG)
         self.phase_totals = {"decisions": 0, "drafting": 0, "probes": 0, "drafts": 0}
-        self.host_ns = {"feed": 0, "draft": 0}  # CPU time of the batched calls (C++)
+        self._feeder = None                     # the background feed's thread
+        self._pending = None                    # its call in flight (a Future)
+        self.host_ns = {"feed": 0, "draft": 0, "feed_background": 0}  # the C++ calls' CPU time
 
     # ------------------------------------------------------------------ vLLM hooks
     def load_model(self, *args, **kwargs) -> None:
@@ -245,6 +247,7 @@ class DASProposer:
             HOST.drafter_ns += time.perf_counter_ns() - t0
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
+        self.settle()
         runner, sched = self._runner, self._sched
         if runner is None:
             raise RuntimeError("DASProposer.propose called without bind_step: the "
@@ -273,15 +276,44 @@ class DASProposer:
                 phase = self._phase(live, step)
             else:
                 self._budget_rows(live, step)
+        seqs = np.where(das, S.seq[step.safe], -1)
+        later = None
+        if self.cfg.background_feed:        # rows drafting nothing: fed off the step's path
+            later = step.feed * (step.max_tokens <= 0)
+            step.feed -= later
         res = self.store.feed_and_draft(
-            np.where(das, S.seq[step.safe], -1), step.tokens, step.offsets, step.feed,
+            seqs, step.tokens, step.offsets, step.feed,
             _contexts(token_ids_cpu), step.ntok.astype(np.int32), step.max_tokens,
             S.min_prob[step.safe], backoff=True)
         self.host_ns["feed"] += res.feed_ns
         self.host_ns["draft"] += res.draft_ns
+        if later is not None and later.any():
+            self._feed_in_background(seqs, step.tokens, step.offsets, later)
         if phase is not None:
             self._phase_cut(phase, res.lengths)
         return draft_lists(res.drafts, res.lengths)
+
+    # ------------------------------------------------------------------ background feed
+    def _feed_in_background(self, seqs, tokens, offsets, feed) -> None:
+        """Feed these rows' new tokens on the feeder thread (the C++ call releases the
+        GIL); :meth:`settle` waits for it."""
+        if self._feeder is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._feeder = ThreadPoolExecutor(1, thread_name_prefix="vllm_rl-das-feed")
+        n = len(seqs)
+        self._pending = self._feeder.submit(
+            self.store.feed_and_draft, seqs, tokens, offsets, feed,
+            np.zeros((n, 1), np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32),
+            np.zeros(n), True)
+
+    def settle(self) -> None:
+        """Wait for the background feed of the last step (before anything reads or
+        changes the trees: the next step, the ``das_*`` calls).  Its time off the step's
+        path is in ``host_ns["feed_background"]``; the time waited here is on it."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.host_ns["feed_background"] += pending.result().feed_ns
 
     # ------------------------------------------------------------------ rows
     def _rows(self, runner, batch, req_ids, sampled, num_tokens_no_spec) -> _Step:
@@ -740,7 +772,9 @@ class DASProposer:
 
     # ------------------------------------------------------------------ reporting
     def sync(self) -> None:
-        """Seal rollouts that ended since the last step (the API calls it between steps)."""
+        """Wait for the background feed and seal rollouts that ended since the last step
+        (the API calls it between steps)."""
+        self.settle()
         if self._runner is not None:
             self._retire(self._runner.requests)
             self._maybe_end_round()

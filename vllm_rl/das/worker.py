@@ -17,6 +17,7 @@ class DASWorkerExtension:
         if drafter is None or not hasattr(drafter, "store"):
             raise RuntimeError("this engine was started without the DAS drafter "
                                "(use vllm_rl.LLM(das=True))")
+        drafter.settle()                # the last step's background feed, done first
         return drafter
 
     def das_prebuild(self, problem_id: str, rollouts: Sequence[Sequence[int]],
