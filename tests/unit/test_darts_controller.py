@@ -177,17 +177,20 @@ def test_allocate_ends_and_equal_weights():
     assert allocate([1.0, 2.0, 3.0], 6, 2, 4) == [2, 2, 2]          # N * M_low
     assert allocate([1.0, 2.0, 3.0], 12, 2, 4) == [4, 4, 4]         # N * M_up
     assert allocate([5.0, 5.0, 5.0], 8, 2, 4) == [3, 3, 2]          # ties: lower index
+    # units with no gain (w = 0 after min-max) are spread evenly, not piled on index 0
+    assert allocate([1.0, 1.0, 1.0, 2.0], 48, 8, 16) == [11, 11, 10, 16]
     assert allocate([4.0], 3, 3, 3) == [3]                           # M_low == M_up
     assert allocate([], 0, 1, 2) == []
 
 
 def _alg1_literal(stds, m_total, m_low, m_up):
-    """Alg. 1 as written: scan all candidates each iteration (first max wins)."""
+    """Alg. 1 as written: scan all candidates each iteration (the largest gain; ties: the
+    fewest samples so far, then the lower index)."""
     w = minmax_norm(stds)
     alloc = [m_low] * len(stds)
     for _ in range(m_total - len(stds) * m_low):
         cands = [i for i in range(len(stds)) if alloc[i] < m_up]
-        k = max(cands, key=lambda i: (w[i] * (1 / alloc[i] - 1 / (alloc[i] + 1)), -i))
+        k = max(cands, key=lambda i: (w[i] * (1 / alloc[i] - 1 / (alloc[i] + 1)), -alloc[i], -i))
         alloc[k] += 1
     return alloc
 

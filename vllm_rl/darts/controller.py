@@ -206,9 +206,13 @@ def allocate(stds: Sequence[float], M_total: int, M_low: int, M_up: int) -> list
 
     Weights are w_i = Norm(σ̃_L(q_i)) (:func:`minmax_norm`).  Every prompt starts at
     ``M_low``; each remaining unit goes to the prompt below ``M_up`` with the largest
-    marginal gain Δ_i (ties: the lower index).  A max-heap keyed by (−Δ_i, i) makes it
-    O(N log N + (M_total − N·M_low) log N).  The objective is separable and convex in
-    each M'_i, so this greedy choice is optimal.
+    marginal gain Δ_i; ties go to the prompt with the fewest samples so far, then the
+    lower index, so units with no gain (w_i = 0: the least variable prompts after
+    min–max normalisation) are spread evenly rather than piled on the first prompt until
+    it saturates at ``M_up`` (and runs shortest-only by its index).  A heap keyed by
+    (−Δ_i, M'_i, i) makes it O(N log N + (M_total − N·M_low) log N).  The objective is
+    separable and convex in each M'_i, so this greedy choice is optimal; the tie rule
+    does not change the objective.
     """
     stds = [_check_real(f"stds[{i}]", s, lo=0.0) for i, s in enumerate(stds)]
     M_low = _check_int("M_low", M_low, 1)
@@ -220,14 +224,14 @@ def allocate(stds: Sequence[float], M_total: int, M_low: int, M_up: int) -> list
                          f"{n * M_up}] for N={n}, got {M_total}")
     weights = minmax_norm(stds)
     allocation = [M_low] * n
-    heap = [(-marginal_gain(w, M_low), i) for i, w in enumerate(weights)] \
+    heap = [(-marginal_gain(w, M_low), M_low, i) for i, w in enumerate(weights)] \
         if M_low < M_up else []
     heapq.heapify(heap)
     for _ in range(M_total - n * M_low):
-        _, i = heapq.heappop(heap)
+        _, _, i = heapq.heappop(heap)
         allocation[i] += 1
         if allocation[i] < M_up:
-            heapq.heappush(heap, (-marginal_gain(weights[i], allocation[i]), i))
+            heapq.heappush(heap, (-marginal_gain(weights[i], allocation[i]), allocation[i], i))
     return allocation
 
 
