@@ -180,7 +180,7 @@ class DuetFlags:
     ends the sample at most ``grace`` (G) tokens later; a sample reaching ``k2 + grace``
     with no marker is aborted with probability ``1 - eps`` or kept to its end with weight
     ``1/eps``.  ``k1``/``k2`` left out: the engine's online estimate (App. A.3).
-    Defaults: G = 150, eps = 0.05, poll = 8 (App. A.3).
+    Defaults: G = 150 and poll = 8 (App. A.3), eps = 0.05 (Table 3's default abort floor).
     """
 
     marker: str
@@ -265,9 +265,10 @@ class ArrolFlags:
     calibration the score becomes a posterior q and the survival probability
     p = clip(κ + δ + λ(ρ − q), p_min, p_max) (Eq. 2, ``kappa``, ``rho``, ``lam``,
     ``p_min``, ``p_max``); the sample is pruned with probability 1 − p (a coin from its
-    seed).  ``return_hidden`` returns that hidden state with the output, for the trainer
-    to fit the head.  Defaults are the paper's: L_detect = 512, κ = ρ = λ = 0.5,
-    p ∈ [0.1, 0.9].  The engine must have a head loaded (``vllm_rl.LLM(arrol=...)``).
+    seed).  ``return_hidden`` keeps that hidden state on the worker for the trainer to
+    fit the head (the record names it: ``hidden_id``).  Defaults: the paper's
+    L_detect = 512, κ = ρ = λ = 0.5; the paper clips p to [p_min, p_max] without giving
+    values, so [0.1, 0.9] is this project's choice.  The engine must have a head loaded (``vllm_rl.LLM(arrol=...)``).
     """
 
     l_detect: int
