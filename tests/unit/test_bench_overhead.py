@@ -116,7 +116,6 @@ def test_table_and_document_round_trip(tmp_path):
 
 
 def test_picture_writes_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
     rows = ob.summarize(_runs("flagless", [10.0], [10.2]) + _runs("das", [10.0], [12.0], 2.0)
                         + _runs("das", [9.0], [9.5], 1.0, live=128))
     path = ob.picture(rows, tmp_path / "o.png", "t")

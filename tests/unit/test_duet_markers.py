@@ -64,7 +64,6 @@ class FiresAt(Marker):
     """A detector that records its polls and fires once ``at`` tokens were fed."""
 
     def __init__(self, at: int = 1 << 30) -> None:
-        super().__init__()
         self.at, self.polled = at, []
 
     def poll(self, table, tokens) -> bool:

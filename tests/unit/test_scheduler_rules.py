@@ -10,51 +10,30 @@ early end, record and freed block is checked at the exact step the rule says.
 from __future__ import annotations
 
 import pytest
-import torch
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine import FinishReason
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
-from vllm.v1.structured_output import StructuredOutputManager
 
 from vllm_rl import rl_params
 from vllm_rl.arrol.rule import ArrolVerdict
 from vllm_rl.duet.rule import seeded_coin
+from vllm_rl.bench.overhead_sched import standalone_scheduler
 from vllm_rl.engine.scheduler import RLSyncScheduler
 from vllm_rl.flags import KEY, read
 from vllm_rl.outcome import Reason, RolloutInfo
-from vllm_rl.task import MODEL_PATH
 
 EOS = 0          # the embedded model's eos_token_id
 TOK = 7          # any other token
-BLOCK = 16
 NUM_BLOCKS = 300
 PROMPT = [3, 4, 5, 6, 8, 9]
 
 
-@pytest.fixture(scope="module")
-def vllm_config():
-    return VllmConfig(
-        scheduler_config=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024,
-                                         max_model_len=512, enable_chunked_prefill=True,
-                                         is_encoder_decoder=False),
-        model_config=ModelConfig(model=str(MODEL_PATH), dtype="float32", seed=0,
-                                 max_model_len=512),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
-        device_config=DeviceConfig("cpu"))
-
-
 @pytest.fixture
-def sched(vllm_config) -> RLSyncScheduler:
-    kv = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1,
-                                                      head_size=1, dtype=torch.float32))])
-    vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
-    return RLSyncScheduler(vllm_config=vllm_config, kv_cache_config=kv, block_size=BLOCK,
-                           structured_output_manager=StructuredOutputManager(vllm_config),
-                           log_stats=True)
+def sched() -> RLSyncScheduler:
+    return standalone_scheduler(RLSyncScheduler, max_num_seqs=16, max_model_len=512,
+                                num_blocks=NUM_BLOCKS, max_num_batched_tokens=1024,
+                                prefix_caching=True)
 
 
 # ---------------------------------------------------------------- helpers

@@ -50,7 +50,12 @@ def _flags(workload: str, i: int, max_tokens: int) -> dict | None:
     return rl_params(**parts) if parts else None
 
 
-def _scheduler(cls, live: int, max_model_len: int):
+def standalone_scheduler(cls, max_num_seqs: int, max_model_len: int, num_blocks: int,
+                         max_num_batched_tokens: int = 16384, prefix_caching: bool = False):
+    """A vLLM scheduler of class ``cls`` with no engine and no worker, as vLLM tests its
+    own (``tests/v1/core/utils.py``): the embedded model's config on the CPU and a KV
+    cache of ``num_blocks`` blocks of :data:`BLOCK` tokens (also the scheduler unit
+    tests' harness, ``tests/unit/test_scheduler_rules.py``)."""
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig,
                              VllmConfig)
@@ -60,19 +65,19 @@ def _scheduler(cls, live: int, max_model_len: int):
     from vllm_rl.task import MODEL_PATH
 
     config = VllmConfig(
-        scheduler_config=SchedulerConfig(max_num_seqs=live, max_num_batched_tokens=16384,
+        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                         max_num_batched_tokens=max_num_batched_tokens,
                                          max_model_len=max_model_len,
                                          enable_chunked_prefill=True,
                                          is_encoder_decoder=False),
         model_config=ModelConfig(model=str(MODEL_PATH), dtype="float32", seed=0,
                                  max_model_len=max_model_len),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching),
         device_config=DeviceConfig("cpu"))
-    blocks = live * (max_model_len // BLOCK + 2)
-    kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[
+    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1,
                                                       head_size=1, dtype=torch.float32))])
-    config.cache_config.num_gpu_blocks = blocks
+    config.cache_config.num_gpu_blocks = num_blocks
     return cls(vllm_config=config, kv_cache_config=kv, block_size=BLOCK,
                structured_output_manager=StructuredOutputManager(config), log_stats=True)
 
@@ -91,8 +96,9 @@ def run_once(rl: bool, workload: str, live: int, max_tokens: int = 256,
     from vllm_rl.flags import KEY, read
     from vllm_rl.outcome import RolloutInfo
 
-    sched = _scheduler(RLSyncScheduler if rl else Scheduler, live,
-                       prompt_len + max_tokens + 16)
+    max_model_len = prompt_len + max_tokens + 16
+    sched = standalone_scheduler(RLSyncScheduler if rl else Scheduler, live, max_model_len,
+                                 live * (max_model_len // BLOCK + 2))
     rng = random.Random(seed)
     length, arrol_at, prune = {}, {}, {}
     for i in range(live):
@@ -213,4 +219,4 @@ def run(args) -> dict[str, Any]:
     return doc
 
 
-__all__ = ["WORKLOADS", "measure", "run", "run_once", "table"]
+__all__ = ["WORKLOADS", "measure", "run", "run_once", "standalone_scheduler", "table"]

@@ -408,12 +408,6 @@ def assignments(node, target: str) -> list[ast.Assign | ast.AnnAssign]:
     return sorted(out, key=lambda a: a.lineno)
 
 
-def aug_assignments(node, target_attr: str, op: type = ast.Sub) -> list[ast.AugAssign]:
-    """``x.target_attr -= ...`` (any ``x``; ``op`` the operator class)."""
-    return [n for n in walk(node) if isinstance(n, ast.AugAssign) and isinstance(n.op, op)
-            and isinstance(n.target, ast.Attribute) and n.target.attr == target_attr]
-
-
 def self_attrs_assigned(fn: ast.AST) -> set[str]:
     out = set()
     for n in ast.walk(fn):
@@ -425,29 +419,3 @@ def self_attrs_assigned(fn: ast.AST) -> set[str]:
                         and x.value.id == "self":
                     out.add(x.attr)
     return out
-
-
-def enclosing_ifs(root: ast.AST, target: ast.AST) -> list[ast.If]:
-    """The ``if`` statements (innermost last) whose body holds ``target``."""
-    path: list[ast.If] = []
-
-    def visit(node: ast.AST, stack: list[ast.If]) -> bool:
-        if node is target:
-            path.extend(stack)
-            return True
-        for name, value in ast.iter_fields(node):
-            children = value if isinstance(value, list) else [value]
-            for child in children:
-                if not isinstance(child, ast.AST):
-                    continue
-                inner = stack + [node] if isinstance(node, ast.If) and name == "body" else stack
-                if visit(child, inner):
-                    return True
-        return False
-
-    visit(root, [])
-    return path
-
-
-def names_in(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}

@@ -21,6 +21,7 @@ reads the last :data:`PATTERN_WINDOW` tokens at each poll, as in the paper.
 """
 from __future__ import annotations
 
+import abc
 import re
 from typing import Callable
 
@@ -114,13 +115,19 @@ def detector(kind: str, pattern: str | None, prompt: str = "") -> Detector:
 # ---------------------------------------------------------------------------------------
 # Incremental forms, over the bytes of the tokens (what the engine polls)
 # ---------------------------------------------------------------------------------------
-class Marker:
-    """An incremental detector over one sample's output tokens.
+class Marker(abc.ABC):
+    """A detector over one sample's output tokens, polled by the engine."""
 
-    :meth:`poll` feeds the tokens generated since the last poll, as bytes from the
-    table, to :meth:`feed`, which scans only what it has not seen (keeping the few
-    bytes an unfinished span still needs) and says whether the marker has fired.
-    """
+    @abc.abstractmethod
+    def poll(self, table: list[bytes], tokens) -> bool:
+        """Whether the marker has fired in ``tokens`` (the sample's output token ids so
+        far; ``table``: token id -> bytes)."""
+
+
+class ByteMarker(Marker):
+    """An incremental detector: :meth:`poll` feeds the tokens generated since the last
+    poll, as bytes from the table, to :meth:`feed`, which scans only what it has not
+    seen (keeping the few bytes an unfinished span still needs)."""
 
     def __init__(self) -> None:
         self.fed = 0                       # output tokens fed so far
@@ -131,8 +138,10 @@ class Marker:
         self.fed += len(new)
         return self.feed(b"".join([table[t] for t in new]))
 
+    @abc.abstractmethod
     def feed(self, data: bytes) -> bool:
-        raise NotImplementedError
+        """Scan ``data`` (the bytes that follow what was fed before); whether the marker
+        has fired."""
 
     def _trim(self, keep: int) -> None:
         """Forget ``buf[:keep]`` (amortised: only once it is worth a move)."""
@@ -148,7 +157,7 @@ _BRACE = re.compile(rb"[{}]")
 _BOX_B = _BOX.encode()
 
 
-class MathMarker(Marker):
+class MathMarker(ByteMarker):
     """:func:`math_marker`, incrementally.  Each ``\\boxed{``'s closing brace is its
     ``{``'s match in ordinary bracket matching (depth counted from the box, as
     :func:`_close`), found with one stack of open braces; a closed box waits for the
@@ -204,7 +213,7 @@ def _terminated_bytes(buf: bytearray, i: int) -> bool | None:
     return buf[eol + 1:nxt].decode("utf-8", "replace").strip() == ""
 
 
-class CodeMarker(Marker):
+class CodeMarker(ByteMarker):
     """:func:`code_marker`, incrementally: each finished line is checked once."""
 
     def __init__(self, fence: str = "```") -> None:
@@ -231,7 +240,7 @@ _THEREFORE = b"Therefore the answer is "
 _SENTENCE_END = re.compile(rb"[.\n]")
 
 
-class QAMarker(Marker):
+class QAMarker(ByteMarker):
     """:func:`qa_marker`, incrementally: ``<answer>`` then ``</answer>``, or the phrase
     followed by at least one character other than ``.``/newline and then one of them."""
 
@@ -280,12 +289,10 @@ class PatternMarker(Marker):
     """A user pattern (RE2) over the last :data:`PATTERN_WINDOW` tokens at each poll."""
 
     def __init__(self, pattern: str) -> None:
-        super().__init__()
         self.match = compile_user_pattern(pattern)
 
     def poll(self, table: list[bytes], tokens) -> bool:
         tail = tokens[-PATTERN_WINDOW:]
-        self.fed = len(tokens)
         return self.match(b"".join([table[t] for t in tail]).decode("utf-8", "replace"))
 
 
@@ -301,6 +308,6 @@ def marker(kind: str, pattern: str | None, prompt_fence: str = "```") -> Marker:
     return QAMarker()
 
 
-__all__ = ["PATTERN_WINDOW", "CodeMarker", "Detector", "Marker", "MathMarker", "PatternMarker",
+__all__ = ["PATTERN_WINDOW", "ByteMarker", "CodeMarker", "Detector", "Marker", "MathMarker", "PatternMarker",
            "QAMarker", "code_marker", "detector", "marker", "math_marker", "opening_fence",
            "qa_marker"]
