@@ -14,7 +14,8 @@ import importlib
 import inspect
 from typing import Any, Callable
 
-MODULES = ("flags_admission", "das_proposer_context", "das_cpu_spec_expand", "arrol_capture",
+MODULES = ("flags_admission", "das_proposer_context", "das_async", "das_cpu_spec_expand",
+           "arrol_capture",
            "metrics_records", "weight_sync", "cpu_seeded_chunks")
 
 

@@ -59,14 +59,29 @@ def inproc_llm():
 
 @pytest.fixture(scope="session")
 def das_llm():
-    """``vllm_rl.LLM(das=...)``: the DAS drafter in vLLM's custom_class slot, sync
-    scheduling, with the linear batch cap (the policy tests need budgets that do not
+    """``vllm_rl.LLM(das=...)``: the DAS drafter in vLLM's custom_class slot, with async
+    scheduling as on a GPU (``vllm_rl_async_cpu``: vLLM's CPU platform would schedule it
+    synchronously), the linear batch cap (the policy tests need budgets that do not
     depend on this machine's step times) and an ARRoL head (the all-four tests)."""
     from vllm_rl import LLM
+    from vllm_rl.settings import CPU_ASYNC_KEY
     from vllm_rl.task import MODEL_PATH
 
     llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN, das={"batch_cap": "linear"},
-              arrol=True)
+              arrol=True, additional_config={CPU_ASYNC_KEY: True})
+    yield llm
+    shutdown(llm)
+
+
+@pytest.fixture(scope="module")
+def sync_das_llm():
+    """``das_llm`` with synchronous scheduling (``das={"async_scheduling": False}``, what
+    a parallel engine runs), one per module that asks for it."""
+    from vllm_rl import LLM
+    from vllm_rl.task import MODEL_PATH
+
+    llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN,
+              das={"batch_cap": "linear", "async_scheduling": False}, arrol=True)
     yield llm
     shutdown(llm)
 

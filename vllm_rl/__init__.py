@@ -24,7 +24,7 @@ from vllm_rl.outcome import Reason, RolloutInfo
 __version__ = "0.1.0"
 
 SCHEDULER_CLS = "vllm_rl.engine.scheduler.RLScheduler"
-SYNC_SCHEDULER_CLS = "vllm_rl.engine.scheduler.RLSyncScheduler"   # DAS: CPU drafters run sync
+SYNC_SCHEDULER_CLS = "vllm_rl.engine.scheduler.RLSyncScheduler"   # CPU platform; DAS sync
 WORKER_EXTENSION_CLS = "vllm_rl.worker.RLWorkerExtension"   # DAS trees + ARRoL head
 
 

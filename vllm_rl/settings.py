@@ -30,6 +30,7 @@ from vllm_rl.engine import TRACE_KEY   # additional_config: record each engine s
 
 COST_KEY = "vllm_rl_cost"      # additional_config: the StepCost spec (vllm_rl.cost.load_cost)
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+CPU_ASYNC_KEY = "vllm_rl_async_cpu"   # additional_config: async scheduling on vLLM's CPU
 
 
 def on_cpu() -> bool:
@@ -83,11 +84,14 @@ class EngineSettings:
             extra.update(self.arrol.engine_kwargs()["additional_config"])
         return extra
 
-    def scheduling(self) -> dict[str, Any]:
-        """``scheduler_cls`` and ``async_scheduling``: synchronous with DAS (vLLM allows no
-        async scheduling with a ``custom_class`` drafter, :meth:`DASConfig.engine_kwargs`)
-        and on vLLM's CPU platform."""
-        sync = self.das is not None or on_cpu()
+    def scheduling(self, additional_config: dict | None = None) -> dict[str, Any]:
+        """``scheduler_cls`` and ``async_scheduling``: asynchronous, as stock vLLM on a
+        GPU, unless DAS asks for synchronous scheduling (``DASConfig.async_scheduling``
+        off) or the engine runs on vLLM's CPU platform, which schedules every engine
+        synchronously unless ``additional_config`` has ``vllm_rl_async_cpu: true``
+        (``patches/das_async.py``)."""
+        sync = (self.das is not None and not self.das.async_scheduling) or \
+            (on_cpu() and not (additional_config or {}).get(CPU_ASYNC_KEY))
         return {"scheduler_cls": SYNC_SCHEDULER_CLS if sync else SCHEDULER_CLS,
                 "async_scheduling": not sync}
 
@@ -106,7 +110,13 @@ class EngineSettings:
                 if key in out and out[key] != value:
                     raise ValueError(f"das= sets {key}={value!r}; got {out[key]!r}")
                 out[key] = value
-        for key, value in self.scheduling().items():
+        asked = out.get("async_scheduling")
+        if asked is not None:                       # the caller's own choice, kept whole
+            if asked and self.das is not None and not self.das.async_scheduling:
+                raise ValueError("das={'async_scheduling': False} schedules synchronously; "
+                                 "got async_scheduling=True")
+            out.setdefault("scheduler_cls", SCHEDULER_CLS if asked else SYNC_SCHEDULER_CLS)
+        for key, value in self.scheduling(out.get("additional_config")).items():
             out.setdefault(key, value)
         out.setdefault("worker_extension_cls", WORKER_EXTENSION_CLS)
         return out
@@ -130,4 +140,4 @@ class EngineSettings:
         return {RUNNER_ENV: "0"} if self.arrol is not None else {}
 
 
-__all__ = ["COST_KEY", "EngineSettings", "TRACE_KEY", "on_cpu"]
+__all__ = ["COST_KEY", "CPU_ASYNC_KEY", "EngineSettings", "TRACE_KEY", "on_cpu"]

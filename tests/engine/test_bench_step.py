@@ -1,6 +1,6 @@
-"""``vllm-rl bench step`` (the main job's benchmark) end to end at a tiny size: the two
+"""``vllm-rl bench step`` (the main job's benchmark) end to end at a tiny size: the three
 engines, the previous steps, every configuration against stock, the JSON, the PNGs and
-``vllm-rl bench report`` on the JSON."""
+``vllm-rl bench report`` on the JSON; ``vllm-rl bench points`` over two sizes."""
 from __future__ import annotations
 
 import json
@@ -17,20 +17,37 @@ def test_step_bench_runs_every_configuration_and_reports(tmp_path):
     [path] = tmp_path.glob("step-*.json")
     doc = json.loads(path.read_text())
     rows = {r["config"]: r for r in doc["summary"]}
-    assert {"stock-2", "darts", "duet", "das", "arrol", "all"} <= set(rows)
+    assert {"stock-2", "darts", "duet", "das", "arrol", "das+duet+arrol", "all"} <= set(rows)
     for name, row in rows.items():
         assert row["tokens"] > 0 and row["engine_steps"] > 0 and row["projected_ms"] > 0, name
         # host time counted on top of (or overlapped with) the forward passes, never less
         assert row["host_counted_ms"] >= row["projected_ms"] and row["host_core_ms"] > 0, name
-        assert row["asynchronous"] is name.startswith("stock"), name   # RL engine: DAS, sync
+        assert row["asynchronous"] is True, name      # every engine, DAS's included
     assert rows["stock-2"]["gpu_speedup"] == 1.0 == rows["stock-2"]["host_speedup"]
     assert rows["das"]["host_worker_ms"] > 0                 # the drafter, in-process
     assert doc["args"]["host_scale"] == 1.0
     assert doc["args"]["das_batch_cap"] == "phase"
-    assert len(list(tmp_path.glob("step-*.png"))) == 2
+    assert len(list(tmp_path.glob("step-*.png"))) == 3          # lengths, running, timeline
     assert "PROJECTION" in done.stdout and "| all |" in done.stdout
     assert "+host x (proj.)" in done.stdout and "MEASURED on this CPU" in done.stdout
     assert (tmp_path / "vllm.log").stat().st_size > 0
     report = subprocess.run([sys.executable, "-m", "vllm_rl.cli", "bench", "report", str(path)],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0 and "| all |" in report.stdout
+
+
+def test_points_bench_writes_the_table_and_its_picture(tmp_path):
+    cmd = [sys.executable, "-m", "vllm_rl.cli", "bench", "points", "--sizes", "1,2",
+           "--seeds", "0", "--m", "2", "--max-tokens", "32", "--configs", "das,duet",
+           "--kv-gib-per-seq", "0.05", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json.loads((tmp_path / "points.json").read_text())
+    assert [(p["prompts"], p["seed"]) for p in doc["points"]] == [(1, 0), (2, 0)]
+    agg = doc["aggregate"]
+    assert set(agg) == {"stock-4", "das", "duet"}
+    for cells in agg.values():
+        assert set(cells) == {"1", "2"}
+        assert all(c["host_mean"] > 0 and c["gpu_mean"] > 0 for c in cells.values())
+    assert (tmp_path / "points.png").stat().st_size > 0
+    assert "| das |" in done.stdout and "host-counted" in done.stdout

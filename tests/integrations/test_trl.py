@@ -105,6 +105,7 @@ def test_rollout_func_trains_with_the_records_in_the_loss(das_llm):
                 assert len(mask) == len(ids) and set(mask) <= {0, 1}
                 assert (weight > 0) == all(mask)
             self.records = [RolloutInfo.decode(r) for r in result["vllm_rl_record"]]
+            self.history.append(self.last.infos)
             return result
 
     class Capture(RLGRPOTrainer):
@@ -114,6 +115,7 @@ def test_rollout_func_trains_with_the_records_in_the_loss(das_llm):
             return out
 
     rollout = Checked(das_llm, flags, redundant=m_prime, max_tokens=128, seed=3)
+    rollout.history = []
 
     trainer = _grpo_trainer(Capture, rollout, train_prompts(8), "test", steps=2, batch=2 * m,
                             max_tokens=128, m=m)
@@ -130,8 +132,11 @@ def test_rollout_func_trains_with_the_records_in_the_loss(das_llm):
             if w == 0:
                 assert a == 0.0, "a masked sample has no advantage"
             assert info.reason is not Reason.DARTS_CANCELLED or w == 0
-    assert all(len(group) == m_prime for group in rollout.last.infos)
-    assert any(i.reason is Reason.DARTS_CANCELLED for g in rollout.last.infos for i in g)
+    assert all(len(group) == m_prime for step in rollout.history for group in step)
+    # the check above is not vacuous: some sample was cancelled (in either step; which
+    # ones depends on sampling, and an async engine's batches on timing, as stock vLLM's)
+    assert any(i.reason is Reason.DARTS_CANCELLED
+               for step in rollout.history for g in step for i in g)
 
 
 COLOCATE = textwrap.dedent('''

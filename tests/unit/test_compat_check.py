@@ -16,8 +16,8 @@ import pytest
 from vllm_rl.compat import contracts
 from vllm_rl.compat.check import main, run, source_for
 from vllm_rl.compat.source import SourceTree
-from vllm_rl.patches import (PatchMismatch, arrol_capture, das_cpu_spec_expand, flags_admission,
-                              metrics_records, das_proposer_context)
+from vllm_rl.patches import (PatchMismatch, arrol_capture, das_async, das_cpu_spec_expand,
+                              das_proposer_context, flags_admission, metrics_records)
 
 
 def _site() -> Path:
@@ -131,6 +131,17 @@ MUTATIONS = {
     "custom_class": (das_proposer_context, "vllm.v1.worker.gpu_model_runner",
                      'elif spec_config.method == "custom_class":',
                      'elif spec_config.method == "custom_class_v2":', 1, "custom_class"),
+    "async check": (das_async, "vllm.config.vllm", "not in get_args(NgramGPUTypes)",
+                    "not in NGRAM_GPU_METHODS", None, "NgramGPUTypes"),
+    "async bookkeeping": (das_async, "vllm.v1.worker.gpu_model_runner",
+                          "if self.input_batch.prev_sampled_token_ids is None:\n"
+                          "                assert sampled_token_ids.shape[-1] == 1",
+                          "if not self.input_batch.has_prev:\n"
+                          "                assert sampled_token_ids.shape[-1] == 1", 1,
+                          "previous tokens"),
+    "async placeholders": (das_async, "vllm.v1.core.sched.async_scheduler",
+                           "* scheduler_output.num_spec_tokens_to_schedule",
+                           "* self.num_spec_tokens", 1, "placeholder"),
     "expand by name": (das_cpu_spec_expand, "vllm.v1.sample.rejection_sampler",
                        "= expand_batch_to_tokens(", "= _expand_to_tokens(", None,
                        "no longer expands"),

@@ -370,3 +370,34 @@ def test_predicted_step_cost_and_budget_choice():
     budget, plan, _ = choose_budget([1.0, 2.0], plans.__getitem__, [[1.0, 1.0, 50.0, 60.0]], 2,
                                     flat)
     assert (budget, plan) == (2.0, [4])
+
+
+def test_planner_chooses_the_total_with_the_batch_in_view():
+    """budget='cost': 1.5 MN before lengths are known, then the multiple of MN the step-cost
+    model predicts cheapest; a larger batch makes redundant samples dearer, never cheaper."""
+    import random
+
+    from vllm_rl.darts import DartsPlanner
+
+    chosen = {}
+    for n in (2, 256):
+        planner = DartsPlanner(8, budget="cost", cost="h100:qwen3-8b", max_tokens=512)
+        ids = list(range(n))
+        plans = planner.plan(ids)
+        assert planner.last_budget == 1.5 and sum(p.n for p in plans) == 12 * n
+        rng = random.Random(0)
+        planner.observe({i: [int(rng.lognormvariate(5, 0.6)) for _ in range(12)] for i in ids})
+        plans = planner.plan(ids)
+        chosen[n] = planner.last_budget
+        assert chosen[n] in DartsPlanner.CANDIDATES
+        assert sum(p.n for p in plans) == min(16 * n, max(8 * n, round(chosen[n] * 8 * n)))
+    assert chosen[256] < chosen[2]
+    # an engine that runs 2048 sequences at once at most: 256 prompts x 8 allows no more
+    full = DartsPlanner(8, budget="cost", cost="h100:qwen3-8b", max_tokens=512, max_live=2048)
+    full.observe({i: [10] * 11 + [500] for i in range(256)})
+    full.plan(list(range(256)))
+    assert full.last_budget == 1.0
+    with pytest.raises(ValueError, match="cost="):
+        DartsPlanner(8, budget="cost")
+    with pytest.raises(ValueError, match="'cost'"):
+        DartsPlanner(8, budget=2.5)

@@ -12,9 +12,25 @@ def test_defaults_and_engine_kwargs():
     kw = cfg.engine_kwargs()
     assert kw["speculative_config"] == {"method": "custom_class", "model": PROPOSER,
                                         "num_speculative_tokens": 8}
-    assert kw["async_scheduling"] is False
-    assert kw["scheduler_cls"].endswith("RLSyncScheduler")
+    assert "async_scheduling" not in kw and "scheduler_cls" not in kw   # EngineSettings'
     assert kw["additional_config"][CONFIG_KEY]["window"] == 16
+    assert cfg.async_scheduling is True
+
+
+def test_scheduling_follows_das_async_and_the_cpu_key():
+    from vllm_rl.settings import CPU_ASYNC_KEY, EngineSettings, on_cpu
+
+    on = EngineSettings.of(das=True)
+    off = EngineSettings.of(das={"async_scheduling": False})
+    key = {CPU_ASYNC_KEY: True}
+    assert on.scheduling(key) == {"scheduler_cls": "vllm_rl.engine.scheduler.RLScheduler",
+                                  "async_scheduling": True}
+    assert off.scheduling(key)["scheduler_cls"].endswith("RLSyncScheduler")
+    assert off.scheduling(key)["async_scheduling"] is False
+    # vLLM's CPU platform schedules synchronously unless the engine asks
+    assert on.scheduling()["async_scheduling"] is (not on_cpu())
+    kw = on.engine_kwargs({"additional_config": key})
+    assert kw["async_scheduling"] is True and kw["additional_config"][CPU_ASYNC_KEY]
 
 
 @pytest.mark.parametrize("bad", [{"budget": 0}, {"budget": 33}, {"window": 0},

@@ -208,3 +208,108 @@ def test_phase_cap_keeps_the_policy_budget_as_a_ceiling():
     runner.add("b0", _request({"problem_id": "P", "budget": 0}, max_tokens=200))
     drafts = runner.step(p, {"b1": [11], "b0": [11]})
     assert len(drafts["b1"]) == 2 and drafts["b0"] == []          # fixed policy: 2b
+
+
+# ------------------------------------------------ async scheduling (patches/das_async.py)
+
+class AsyncRunner:
+    """What the proposer reads of vLLM's runner under async scheduling: the step's
+    sampled ids stay a tensor, the token array holds placeholders, drafts go to
+    ``_draft_token_ids`` by the previous step's rows (``before_step``)."""
+
+    use_async_scheduling = True
+    _draft_token_req_ids = None
+
+    def __init__(self):
+        import torch
+
+        self.device = torch.device("cpu")
+        self.requests, self.rows = {}, []
+        self.published = None
+        self._draft_token_ids = None
+        self.prev_num_spec_tokens = 0
+
+    def add(self, rid, cached):
+        self.requests[rid] = cached
+        self.rows.append(rid)
+
+    def drop(self, rid):
+        self.requests.pop(rid)
+        self.rows.remove(rid)
+
+    def _copy_valid_sampled_token_count(self, last, counts):
+        self.published = (last.tolist(), counts.tolist())
+
+    def step(self, proposer, sampled: dict):
+        """One step: its execute_model (``before_step`` on the scheduler's placeholders:
+        8 per row), then its sampling (``sampled[rid]``; -1 padded) and ``propose``.
+        Returns the drafts each row verified in this step."""
+        import torch
+
+        rows = list(self.rows)
+        spec = {r: [-1] * 8 for r in rows}
+        so = SimpleNamespace(scheduled_spec_decode_tokens=spec,
+                             num_scheduled_tokens={r: 9 for r in rows},
+                             total_num_scheduled_tokens=9 * len(rows))
+        worker_so, cut, counts = proposer.before_step(self, so)
+        drafts = self._draft_token_ids
+        verified = {r: drafts[i, :counts.get(r, 0)].tolist() if drafts is not None and counts
+                    else [] for i, r in enumerate(getattr(self, "_prev_rows", ()))}
+        self.input_batch = SimpleNamespace(req_ids=rows,
+                                           num_prompt_tokens=np.array([len(PROMPT)] * len(rows)))
+        self.discard_request_mask = SimpleNamespace(np=np.zeros(len(rows), dtype=bool))
+        width = 1 + max(8, max((len(v) for v in sampled.values()), default=1))
+        t = torch.full((len(rows), width), -1, dtype=torch.int64)
+        for i, r in enumerate(rows):
+            t[i, :len(sampled[r])] = torch.tensor(sampled[r])
+        proposer.after_sample(self, t)
+        proposer.bind_step(self, worker_so)
+        proposer.propose([], None, None)
+        self._prev_rows = rows
+        return verified, counts
+
+
+def test_async_drafts_are_the_sync_drafts_one_step_later():
+    """The same tokens through a synchronous and an asynchronous runner: the async
+    drafter makes each step's drafts at the next step's start, the same tokens.  (The
+    linear cap: the cost cap counts the async drafter's measured host time.)"""
+    rollouts = [[11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, EOS],
+                [11, 12, 30, 31, 32, 33, 34, 35, EOS]]
+    sync_p, sync_r = _proposer(batch_cap="linear"), Runner()
+    async_p, async_r = _proposer(batch_cap="linear"), AsyncRunner()
+    for p, r in ((sync_p, sync_r), (async_p, async_r)):
+        p.prebuild("P", rollouts, PROMPT)
+        r.add("a", _request({"problem_id": "P", "policy": "fixed"}))
+        r.add("b", _request({"problem_id": "P", "policy": "fixed"}))
+    steps = [{"a": [11], "b": [11]}, {"a": [12, 13], "b": [12]}, {"a": [14], "b": [30, 31]},
+             {"a": [15, 16, 17], "b": [32]}]
+    expect = []
+    for sampled in steps:
+        expect.append(sync_r.step(sync_p, sampled))
+    got = []
+    for sampled in steps + [{"a": [18], "b": [33]}]:
+        verified, _ = async_r.step(async_p, sampled)
+        got.append(verified)
+    assert got[1:] == expect                      # step n's drafts, verified in step n + 1
+    assert all(any(v) for v in expect)
+    assert async_r.published == ([18, 33], [1, 1])   # each row's last token and count
+    assert async_p.stats()["per_problem"]["P"]["drafted"] > 0
+
+
+def test_async_catch_up_feeds_every_step_and_seals_a_departed_request_once_fed():
+    """A row that drafts nothing is fed on the feeder thread; a request that leaves the
+    runner is sealed only after its last tokens were fed (never while the feeder still
+    extends its rollout)."""
+    p, runner = _proposer(), AsyncRunner()
+    runner.add("quiet", _request({"problem_id": "P", "budget": 0}))
+    runner.add("gone", _request({"problem_id": "P", "budget": 0}))
+    for tok in range(5, 25):
+        runner.step(p, {"quiet": [tok], "gone": [tok + 100]})
+    runner.drop("gone")                          # left the runner (e.g. cancelled)
+    for tok in range(25, 30):
+        runner.step(p, {"quiet": [tok]})
+    p.sync()
+    seqs = sorted(p.store.sequences("P"), key=len)
+    assert seqs[0] == PROMPT + [t + 100 for t in range(5, 25)]    # all its tokens, sealed
+    assert seqs[1] == PROMPT + list(range(5, 30))
+    assert "gone" not in p.requests

@@ -256,3 +256,41 @@ def test_no_trace_no_wrapping():
 
     p = Plain()
     assert p.rl_trace is None and "schedule" not in vars(p) and p.schedule() == "out"
+
+
+def test_trace_records_the_widths_the_worker_ran_under_async_drafts():
+    """Async speculative decoding: the scheduler sends placeholder drafts, the worker
+    verifies only the real ones and says how many (``vllm_rl_drafts``); the trace keeps
+    the widths the forward pass computed."""
+    from vllm_rl.engine.trace import TraceMixin
+
+    sched_out = SimpleNamespace(num_scheduled_tokens={"a": 9, "b": 9, "c": 1},
+                                scheduled_spec_decode_tokens={"a": [-1] * 8, "b": [-1] * 8},
+                                total_num_scheduled_tokens=19)
+
+    class Base:
+        def __init__(self):
+            self.vllm_config = SimpleNamespace(additional_config={"vllm_rl_trace": True})
+            self.requests = {r: SimpleNamespace(num_computed_tokens=20)
+                             for r in ("a", "b", "c")}
+
+        def schedule(self):
+            return sched_out
+
+        def update_from_output(self, so, mro):
+            return {}
+
+        def has_unfinished_requests(self):
+            return True
+
+    class Traced(TraceMixin, Base):
+        pass
+
+    s = Traced()
+    out = s.schedule()
+    s.update_from_output(out, SimpleNamespace(vllm_rl_drafts={"a": 3, "b": 0}))
+    widths, _ = next(s.rl_trace.steps())
+    assert list(widths) == [4, 1, 1]
+    out = s.schedule()                     # an output without counts: widths as scheduled
+    s.update_from_output(out, SimpleNamespace())
+    assert list(list(s.rl_trace.steps())[1][0]) == [9, 9, 1]

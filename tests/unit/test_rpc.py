@@ -326,7 +326,10 @@ def test_engine_settings_give_the_same_engine_as_keywords_and_as_cli_flags():
         assert getattr(parsed, key) == kwargs[key], key
     assert parsed.speculative_config == kwargs["speculative_config"]
     assert settings.env() == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
-    with pytest.raises(ValueError, match="das= sets async_scheduling"):
-        settings.engine_kwargs({"async_scheduling": True})
+    sync = EngineSettings.of(das={"budget": 2, "async_scheduling": False})
+    with pytest.raises(ValueError, match="async_scheduling"):
+        sync.engine_kwargs({"async_scheduling": True})
+    own = settings.engine_kwargs({"async_scheduling": False})        # the caller's choice
+    assert own["scheduler_cls"].endswith("RLSyncScheduler")
     with pytest.raises(ValueError):
         EngineSettings.of(cost="no-such-table:x")

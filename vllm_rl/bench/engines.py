@@ -1,6 +1,8 @@
 """The engines every benchmark compares: stock vLLM and the RL engine, both traced.
 
-Both run in-process (the step trace lives in the engine core) and record every engine
+Every engine schedules asynchronously, as vLLM does on a GPU (on this CPU through
+``vllm_rl_async_cpu``, ``patches/das_async.py``; the DAS engine included).  They run
+in-process (the step trace lives in the engine core) and record every engine
 step (:mod:`vllm_rl.engine.trace`), so each run's steps can be priced on a GPU step-cost
 table.  ``gpu_limits=True`` gives them the scheduler limits vLLM uses on an H100 (the
 offline defaults of ``EngineArgs`` for a GPU of at least 70 GiB), so the batch shapes are
@@ -24,10 +26,13 @@ def in_process() -> None:
 
 def _common(seed: int, gpu_limits: bool, kv_bytes: int | None, max_model_len: int) -> dict:
     from vllm_rl.llm import CPU_KV_CACHE_BYTES
+    from vllm_rl.settings import CPU_ASYNC_KEY
 
+    # every engine schedules as on a GPU (async; vLLM's CPU platform would make it sync)
     out: dict[str, Any] = dict(seed=seed, max_model_len=max_model_len,
                                kv_cache_memory_bytes=kv_bytes or CPU_KV_CACHE_BYTES,
-                               use_tqdm_on_load=False)
+                               use_tqdm_on_load=False,
+                               additional_config={CPU_ASYNC_KEY: True})
     if gpu_limits:
         out.update(GPU_LIMITS)
     return out
@@ -40,9 +45,9 @@ def stock_engine(model: str, seed: int = 0, gpu_limits: bool = False,
 
     from vllm_rl.engine.trace import CONFIG_KEY, TRACED_SCHEDULER_CLS
 
-    return vllm.LLM(model, scheduler_cls=TRACED_SCHEDULER_CLS,
-                    additional_config={CONFIG_KEY: True},
-                    **_common(seed, gpu_limits, kv_bytes, max_model_len))
+    common = _common(seed, gpu_limits, kv_bytes, max_model_len)
+    common["additional_config"][CONFIG_KEY] = True
+    return vllm.LLM(model, scheduler_cls=TRACED_SCHEDULER_CLS, **common)
 
 
 def rl_engine(model: str, seed: int = 0, gpu_limits: bool = False, kv_bytes: int | None = None,

@@ -12,14 +12,21 @@ One place for the flags of ``stock``, each technique alone and the default combi
   online estimate unless given;
 * ``das``: DAS with the engine's default policy and cap;
 * ``arrol``: ARRoL at ``l_detect`` with ``return_hidden`` (the trainer fits the head);
+* ``das+duet+arrol``: the three per-step techniques in one request (no redundant
+  samples);
 * ``all``: the four in one request, composed by the rule of ``docs/ARCHITECTURE.md``.
+
+Each configuration runs on the engine a user would build for it (:func:`engine_kind`):
+stock vLLM for ``stock``, the RL engine without the DAS drafter where no DAS flags are
+sent, the DAS engine where they are.
 """
 from __future__ import annotations
 
 from typing import Any
 
 TECHNIQUES = ("darts", "duet", "das", "arrol")
-CONFIGS = ("stock", *TECHNIQUES, "all")
+PER_STEP = "das+duet+arrol"
+CONFIGS = ("stock", *TECHNIQUES, PER_STEP, "all")
 # DUET's answer marker for the embedded task: its completions end "\boxed{ N }" and EOS,
 # with no blank line after the box, so the built-in math marker would never fire.
 TASK_MARKER = r"\\boxed\{[^}]*\}"
@@ -47,7 +54,17 @@ def technique_flags(name: str, max_tokens: int, l_detect: int = 24,
         return None
     if name == "all":
         return {k: v for s in TECHNIQUES for k, v in sections[s].items()}
-    return dict(sections[name])
+    return {k: v for s in name.split("+") for k, v in sections[s].items()}
 
 
-__all__ = ["CONFIGS", "TASK_MARKER", "TECHNIQUES", "duet_grace", "technique_flags"]
+def engine_kind(name: str) -> str:
+    """The engine a user would build for configuration ``name`` (ablations included):
+    ``"stock"``, ``"das"`` (the RL engine with the DAS drafter) or ``"rl"`` (without)."""
+    if name.startswith("stock"):
+        return "stock"
+    parts = name.split("+")
+    return "das" if name in ("all", "das-off") or "das" in parts else "rl"
+
+
+__all__ = ["CONFIGS", "PER_STEP", "TASK_MARKER", "TECHNIQUES", "duet_grace", "engine_kind",
+           "technique_flags"]

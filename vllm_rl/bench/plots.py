@@ -4,7 +4,11 @@
   configuration (the long tail the RL rollout papers start from);
 - :func:`running`: requests (sequences) running over time or engine steps, one line per
   configuration (the tail of a step: a few long samples keep the batch small while
-  everyone waits).
+  everyone waits);
+- :func:`timeline`: a stretch of engine steps laid out in time, per engine: the forward
+  pass (projected), the host work that overlaps it and the host work on its path;
+- :func:`speedups`: speed-up over stock against live sequences, one line per
+  configuration (the operating-point table).
 
 matplotlib with the Agg backend; nothing is shown on screen.
 """
@@ -95,6 +99,88 @@ def running(series: Mapping[str, tuple[Sequence[float], Sequence[int]]], path: s
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper right", framealpha=0.9)
     axes[0][0].set_title(title, fontsize=11)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def timeline(lanes: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float], bool]],
+             path: str | Path, title: str) -> Path:
+    """Engine steps laid out in time, one panel per entry: ``lanes[name] = (gpu_ms,
+    core_ms, worker_ms, asynchronous)`` per step (:func:`vllm_rl.cost.host.host_counted`'s
+    parts).  Synchronous: the host work (core + worker), then the forward pass.
+    Asynchronous: the worker part (drafter, scorer) on the path, then the forward pass
+    with the core part (scheduling, output processing) beside it; the next step starts
+    when both are done."""
+    plt = _plt()
+    names = list(lanes)
+    fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.9 * len(names) + 0.8), dpi=120,
+                             squeeze=False, sharex=True)
+    colours = {"GPU forward (projected)": "#0072B2", "host, overlapped": "#BBBBBB",
+               "host, on the path": "#D55E00"}
+    for ax, name in zip((a[0] for a in axes), names):
+        gpu, core, worker, asynchronous = lanes[name]
+        t = 0.0
+        bars = {k: [] for k in colours}
+        for g, c, w in zip(gpu, core, worker):
+            if asynchronous:
+                bars["host, on the path"].append((t, w))
+                bars["GPU forward (projected)"].append((t + w, g))
+                bars["host, overlapped"].append((t + w, c))
+                t += w + max(g, c)
+            else:
+                bars["host, on the path"].append((t, c + w))
+                bars["GPU forward (projected)"].append((t + c + w, g))
+                t += c + w + g
+        rows = {"GPU forward (projected)": 2, "host, overlapped": 1, "host, on the path": 0}
+        for label, spans in bars.items():
+            ax.broken_barh([s for s in spans if s[1] > 0], (rows[label] - 0.4, 0.8),
+                           facecolors=colours[label], edgecolor="white", linewidth=0.3,
+                           label=label)
+        ax.set_yticks([0, 1, 2], ["on path", "overlapped", "GPU"], fontsize=8)
+        ax.set_ylim(-0.6, 2.6)
+        ax.set_title(f"{name}: {len(gpu)} steps in {t:.1f} ms", fontsize=9, loc="left")
+        ax.grid(alpha=0.3, axis="x")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3, framealpha=0.9)
+    axes[-1][0].set_xlabel("ms (forward passes projected, host time measured on this CPU)")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.035, 1, 1))
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def speedups(lines: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float],
+                                       Sequence[float]]],
+             path: str | Path, title: str, ylabel: str,
+             dashed: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None) -> Path:
+    """Speed-up against x (live sequences, log scale), one line per configuration:
+    ``lines[name] = (xs, means, lows, highs)`` (an interval as error bars); ``dashed``
+    the same configurations' second measure (e.g. GPU-only), means only."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 5.2), dpi=120)
+    styles = _styles(list(lines))
+    for name, (xs, ys, lo, hi) in lines.items():
+        st = styles[name]
+        err = [[y - a for y, a in zip(ys, lo)], [b - y for y, b in zip(ys, hi)]]
+        ax.errorbar(xs, ys, yerr=err, label=name, capsize=3, marker="o", markersize=4, **st)
+        if dashed and name in dashed:
+            dx, dy = dashed[name]
+            ax.plot(dx, dy, linestyle=":", color=st["color"], linewidth=1.2, alpha=0.8)
+    ax.axhline(1.0, color="#222222", linewidth=1.0, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ticks = sorted({x for xs, *_ in lines.values() for x in xs})
+    ax.set_xticks(ticks, [str(int(x)) for x in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("live sequences (prompts x M)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)

@@ -1,8 +1,11 @@
 """``vllm-rl bench step``: one RL rollout step per configuration, against stock vLLM.
 
-Two in-process engines on the same model (:mod:`.engines`): stock vLLM (its own
-scheduler, with the step trace only) and the RL engine (RL scheduler, DAS drafter, ARRoL
-head).  The step is run as a trainer runs it:
+Three in-process engines on the same model (:mod:`.engines`), each configuration on the
+one a user would build for it (:func:`vllm_rl.bench.matrix.engine_kind`): stock vLLM
+(its own scheduler, with the step trace only), the RL engine without the DAS drafter
+(DARTS, DUET, ARRoL alone) and the DAS engine (every configuration that drafts), both
+RL engines with ARRoL's head; all three schedule asynchronously, as on a GPU.  The step
+is run as a trainer runs it:
 
 1. **Previous steps** (untimed, two): M samples per prompt on the RL engine, with DAS
    (each problem's tree fills) and ARRoL scoring.  From their records: DARTS's length
@@ -18,9 +21,9 @@ Each run's engine steps are priced on a GPU step-cost table (``--cost``; a proje
 :mod:`vllm_rl.cost`), beside the CPU wall, twice: the forward passes only ("GPU"), and
 with the host time measured here on each step's critical path ("+host": scheduling,
 output processing with the RL hooks, DAS's drafter, ARRoL's scorer, times
-``--host-scale``), added to the forward pass in the RL engine (DAS: synchronous
-scheduling) and overlapped with it in stock vLLM (asynchronous scheduling, as on a GPU):
-:func:`vllm_rl.cost.host.host_counted`.  ``--gpu-limits`` gives the engines an H100's
+``--host-scale``), priced as the engine schedules (:func:`vllm_rl.cost.host.host_counted`:
+the scheduler's and the output processor's time overlaps the forward pass, the drafter's
+and the scorer's adds to it).  ``--gpu-limits`` gives the engines an H100's
 scheduler limits, so batch shapes are the GPU's.  Reported per configuration: tokens,
 engine steps, the training group (samples, mean reward and length), the learning-signal
 diagnostics of :func:`vllm_rl.integrations.common.advantages.step_diagnostics`, and the
@@ -38,9 +41,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_rl.bench.matrix import CONFIGS, technique_flags
+from vllm_rl.bench.matrix import CONFIGS, engine_kind, technique_flags
 
 EXTRA = ("darts-shortest", "das-off")      # ablations: uniform M' = 2M shortest; drafts off
+
+
+def _budget(text: str) -> float | str:
+    return text if text == "cost" else float(text)
 
 
 def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
@@ -54,8 +61,11 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
     ap.add_argument("--m", type=int, default=8, help="training group size M (default 8)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--l-detect", type=int, default=24, help="ARRoL's l_detect (default 24)")
-    ap.add_argument("--darts-budget", type=float, default=1.5,
-                    help="DARTS's total redundancy, x M N (default 1.5, App. B)")
+    ap.add_argument("--darts-budget", type=_budget, default="cost",
+                    help="DARTS's total redundancy, x M N in [1, 2] (App. B's typical: "
+                         "1.5), or 'cost' (the default): the multiple the step-cost model "
+                         "(--cost) predicts cheapest for the step at its batch size, "
+                         "1.5 before lengths are known (DartsPlanner)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="interleaved repeats; the table gives medians (default 1)")
     ap.add_argument("--gpu-limits", action="store_true",
@@ -107,6 +117,7 @@ class Run:
     host_core_ms: float = 0.0        # measured: schedule + update_from_output (x host_scale)
     host_worker_ms: float = 0.0      # measured: drafter + scorer (x host_scale)
     asynchronous: bool | None = None     # how the engine schedules
+    timeline: dict = field(default_factory=dict)   # per step: gpu_ms, core_ms, worker_ms
 
 
 def run_once(llm, name: str, params: list, prompts: list[str], repeat: int, cost,
@@ -158,21 +169,26 @@ def run_once(llm, name: str, params: list, prompts: list[str], repeat: int, cost
                 kept.append((r, len(c.token_ids)))
     diag = step_diagnostics(marks, group_advantages(rewards, marks, groups), groups)
     proj = steps.project(cost, host_scale=host_scale)
+    core, worker = steps.host_ms()
+    timeline = {"gpu_ms": list(proj.per_step_ms),
+                "core_ms": [host_scale * c for c in core],
+                "worker_ms": [host_scale * w for w in worker]}
     return Run(name, repeat, wall, sum(lengths), len(steps), proj.total_ms,
                len(lengths), len(kept),
                statistics.fmean(r for r, _ in kept) if kept else 0.0,
                statistics.fmean(n for _, n in kept) if kept else 0.0, reasons, proposed,
                accepted, diag, lengths, [len(w) for w, _ in steps.steps()],
                list(steps.wall_ms), proj.host_counted_ms, proj.host_core_ms,
-               proj.host_worker_ms, proj.asynchronous)
+               proj.host_worker_ms, proj.asynchronous, timeline)
 
 
 # ----------------------------------------------------------------------------- the step
 
 
-def previous_steps(rl, prompts: list[str], args, planner, feedback) -> dict:
-    """Two untimed steps on the RL engine (module docstring): DAS trees, DARTS's length
-    statistics, DUET's K1/K2 and ARRoL's head.  Returns DUET's thresholds."""
+def previous_steps(rl, prompts: list[str], args, planner, feedback, plain=None) -> dict:
+    """Two untimed steps on the DAS engine (module docstring): DAS trees, DARTS's length
+    statistics, DUET's K1/K2 and ARRoL's head (given to ``plain`` too, the RL engine
+    without DAS).  Returns DUET's thresholds."""
     from vllm import SamplingParams
 
     from vllm_rl import Reason, rl_params
@@ -197,7 +213,9 @@ def previous_steps(rl, prompts: list[str], args, planner, feedback) -> dict:
                                      1.0))
         update = feedback.observe(infos, rewards)
         if update is not None:
-            rl.arrol_update(**update)
+            for engine in (rl, plain):
+                if engine is not None:
+                    engine.arrol_update(**update)
     k1 = km_quantile(observations, 0.30)
     return {"k1": k1, "k2": max(k1, km_quantile(observations, 0.80))}
 
@@ -263,18 +281,26 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
     model = args.model or str(MODEL_PATH)
     prompts = heldout_prompts(args.prompts)
     bar = tqdm(total=4, desc="vllm-rl bench step", unit="stage", dynamic_ncols=True)
-    bar.set_postfix_str("starting engines (stock vLLM, RL)")
+    bar.set_postfix_str("starting engines (stock vLLM, RL, RL with DAS)")
     kv = int(args.kv_gib * (1 << 30))
     stock = stock_engine(model, args.seed, args.gpu_limits, kv)
     das = {"batch_cap": args.das_batch_cap} if args.das_batch_cap else True
+    kinds = {engine_kind(n) for n in names}
     rl = rl_engine(model, args.seed, args.gpu_limits, kv, das=das, cost=args.cost)
+    plain = (rl_engine(model, args.seed, args.gpu_limits, kv, das=None, cost=args.cost)
+             if "rl" in kinds else None)
+    engines = {"stock": stock, "das": rl, "rl": plain}
     cost = load_cost(args.cost)
     bar.update(1)
     bar.set_postfix_str("previous steps (DAS trees, DARTS lengths, DUET K1/K2, ARRoL head)")
-    planner = DartsPlanner(args.m, budget=args.darts_budget)
+    from vllm_rl.bench.engines import GPU_LIMITS
+
+    planner = DartsPlanner(args.m, budget=args.darts_budget, cost=args.cost,
+                           max_tokens=args.max_tokens,
+                           max_live=GPU_LIMITS["max_num_seqs"] if args.gpu_limits else None)
     feedback = ArrolFeedback({"l_detect": args.l_detect}, cold_start_steps=0,
                              gate_min=16, seed=args.seed)
-    duet = previous_steps(rl, prompts, args, planner, feedback)
+    duet = previous_steps(rl, prompts, args, planner, feedback, plain)
     plans = {p.prompt_id: p for p in planner.plan(prompts)}
     from vllm import SamplingParams
 
@@ -290,16 +316,17 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
     runs = []
     for name, rep in plan:
         bar.set_postfix_str(f"{name} (repeat {rep + 1}/{args.repeats})")
-        llm = stock if name.startswith("stock") else rl
+        llm = engines[engine_kind(name)]
         runs.append(run_once(llm, name, step_params(name, prompts, args, plans, duet),
                              prompts, rep, cost, args.host_scale))
         bar.update(1)
     bar.set_postfix_str("done")
     bar.close()
-    shutdown(stock, rl)
+    shutdown(*(e for e in (stock, rl, plain) if e is not None))
     rows = summarize(runs, stocks[0])
     result = {"model": model, "args": vars(args), "duet": duet,
               "arrol": feedback.metrics, "darts": {p: plans[p].n for p in prompts},
+              "darts_budget": planner.last_budget,
               "summary": rows, "runs": [asdict(r) for r in runs],
               "total_s": time.perf_counter() - t_start}
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -365,8 +392,9 @@ def header(args, model: str, n_prompts: int, duet: dict, arrol: dict, plans: dic
             f"step-cost table (not a GPU measurement), forward passes only. '+host ms' adds "
             f"the host time MEASURED on this CPU on each step's critical path (scheduling, "
             f"output processing, drafter, scorer; x {args.host_scale:g}): summed with the "
-            f"forward pass where the engine schedules synchronously (sync), overlapped "
-            f"with it where it schedules asynchronously (async: max). Speed-ups are "
+            f"forward pass where the engine schedules synchronously (sync); where it "
+            f"schedules asynchronously (async) the scheduler's and output processing's "
+            f"part overlaps it (max) and the drafter's and scorer's adds. Speed-ups are "
             f"stock-{args.m}'s time over the configuration's.\n")
 
 
@@ -426,7 +454,31 @@ def pictures(runs: list[Run], args, out_dir: Path, stamp: str) -> list[Path]:
     run = plots.running(by_step, out_dir / f"step-{stamp}-running.png",
                         f"Samples running in each engine step of one rollout step ({title})",
                         "engine step")
-    return [cdf, run]
+    return [cdf, run, timeline_png(first, args, out_dir / f"step-{stamp}-timeline.png")]
+
+
+TIMELINE_STEPS = slice(20, 60)     # a stretch in the bulk of the step
+
+
+def timeline_png(first: dict, args, path: Path) -> Path:
+    """Forty engine steps of stock vLLM and of the DAS configurations, laid out in time
+    (:func:`vllm_rl.bench.plots.timeline`), and the DAS steps priced as a synchronous
+    engine would run them: the overlap async scheduling buys."""
+    from vllm_rl.bench import plots
+
+    lanes = {}
+    for name, r in first.items():
+        if not (name == f"stock-{args.m}" or engine_kind(name) == "das") or not r.timeline:
+            continue
+        t = r.timeline
+        parts = tuple(t[k][TIMELINE_STEPS] for k in ("gpu_ms", "core_ms", "worker_ms"))
+        lanes[f"{name} ({'async' if r.asynchronous else 'sync'}, as run)"] = \
+            (*parts, bool(r.asynchronous))
+        if name != f"stock-{args.m}" and r.asynchronous:
+            lanes[f"{name}, the same steps scheduled synchronously"] = (*parts, False)
+    return plots.timeline(lanes, path, f"Engine steps {TIMELINE_STEPS.start}-"
+                          f"{TIMELINE_STEPS.stop} of one rollout step ({args.prompts} "
+                          f"prompts x {args.m}), host x {args.host_scale:g}")
 
 
 __all__ = ["Run", "main", "parser", "run_once", "summarize", "table"]

@@ -2,6 +2,7 @@
 
     vllm-rl bench                    # the main job: ``step`` at its quick defaults
     vllm-rl bench step [...]         # one rollout step per configuration vs stock vLLM
+    vllm-rl bench points [...]       # speed-up over stock by batch size (the table)
     vllm-rl bench train [...]        # time to accuracy: GRPO through the engine, seeds
     vllm-rl bench das [...]          # DAS over epochs vs stock, ngram, suffix
     vllm-rl bench das-batch [...]    # drafting's gain by batch size
@@ -20,6 +21,9 @@ SUBCOMMANDS = {   # name -> (module, one line of help)
     "step": ("vllm_rl.bench.step", "one rollout step per configuration (each technique, all "
              "four) vs stock vLLM: tokens, steps, training group, diagnostics, CPU and "
              "projected GPU time, without and with the host time"),
+    "points": ("vllm_rl.bench.points", "the operating-point table: speed-up over stock by "
+               "batch size (one step run per size and seed), host-counted and GPU-only, "
+               "JSON and PNG"),
     "train": ("vllm_rl.bench.train", "time to accuracy: TRL GRPO on the embedded model "
               "through the engine, stock vs each technique vs all four, several seeds"),
     "das": ("vllm_rl.bench.das", "DAS over several epochs vs stock vLLM and vLLM's ngram "

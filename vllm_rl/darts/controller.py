@@ -310,9 +310,17 @@ class DartsPlanner:
     Keeps each prompt's smoothed length variance (:class:`LengthStats`, Sec. 4.2.2) and,
     for a step's prompts,
 
-    1. sets the total redundancy ``M_total = round(budget * M * N)`` (App. B's typical
-       1.5 MN by default; :func:`adaptive_budget` gives Eq. 8-9's when a cost slope is
-       known),
+    1. sets the total redundancy ``M_total = round(budget * M * N)``: App. B's typical
+       1.5 MN by default; with ``budget="cost"`` and a step-cost model (``cost``), the
+       multiple of MN among ``candidates`` whose plan the model predicts cheapest for the
+       whole step, from each prompt's last lengths (:func:`.budget.choose_budget`: Eq. 4
+       priced at the batch still running, so the batch size is in view: a full batch
+       makes redundant samples dear and 1.0 MN, no redundancy, can win), 1.5 MN while a
+       prompt of the step has no lengths yet (:attr:`last_budget` says which); with
+       ``max_live`` (the engine's ``max_num_seqs``) no candidate whose samples would not
+       all run at once (redundant samples that queue lengthen the step: Eq. 4 prices
+       them as running), 1.0 MN always allowed;
+       :func:`adaptive_budget` gives Eq. 8-9's when a cost slope is known,
     2. splits it with Alg. 1 over ``[M_low, M_up] = [M, 2M]`` by the normalised std
        (:func:`allocate`),
     3. gives each prompt Alg. 2's mode: dual-end (K = M − 1 shortest + L = 1 longest
@@ -326,21 +334,55 @@ class DartsPlanner:
     4.2.2 uses the whole M'_i).
     """
 
-    def __init__(self, M: int, budget: float = 1.5, K: int | None = None,
-                 stats: LengthStats | None = None) -> None:
-        if not 1.0 <= budget <= 2.0:
+    COLD_BUDGET = 1.5       # App. B's typical M_total / (M N): before lengths are known
+    CANDIDATES = (1.0, 1.25, 1.5, 1.75, 2.0)
+
+    def __init__(self, M: int, budget: float | str = 1.5, K: int | None = None,
+                 stats: LengthStats | None = None, cost: Any = None,
+                 max_tokens: int | None = None,
+                 candidates: Sequence[float] = CANDIDATES, max_live: int | None = None) -> None:
+        if budget == "cost":
+            if cost is None:
+                raise ValueError("DartsPlanner budget='cost' needs a step-cost model (cost=)")
+            from vllm_rl.cost import load_cost
+
+            self.cost = load_cost(cost)
+        elif not (isinstance(budget, (int, float)) and 1.0 <= budget <= 2.0):
             raise ValueError(f"DartsPlanner budget={budget!r}: allowed a float in [1, 2] "
-                             "(M_total / (M N), Eq. 9's range)")
-        self.M, self.budget = int(M), float(budget)
+                             "(M_total / (M N), Eq. 9's range) or 'cost'")
+        if not candidates or not all(1.0 <= c <= 2.0 for c in candidates):
+            raise ValueError(f"DartsPlanner candidates={candidates!r}: floats in [1, 2]")
+        self.M, self.budget = int(M), budget if budget == "cost" else float(budget)
         self.K = self.M - 1 if K is None else int(K)
         self.stats = stats or LengthStats()
+        self.max_tokens, self.candidates = max_tokens, tuple(candidates)
+        self.max_live = max_live
+        self._last: dict[Hashable, list[int]] = {}    # each prompt's last lengths
+        self.last_budget: float | None = None         # the multiple of MN the last plan used
+
+    def _counts(self, ids: list, budget: float) -> list[int]:
+        m_up = 2 * self.M
+        total = min(len(ids) * m_up, max(len(ids) * self.M, round(budget * self.M * len(ids))))
+        return allocate([self.stats.std(pid) for pid in ids], total, self.M, m_up)
 
     def plan(self, prompt_ids: Sequence[Hashable]) -> list[PromptPlan]:
         ids = list(prompt_ids)
         m_up = 2 * self.M
-        total = min(len(ids) * m_up, max(len(ids) * self.M,
-                                         round(self.budget * self.M * len(ids))))
-        counts = allocate([self.stats.std(pid) for pid in ids], total, self.M, m_up)
+        budget = self.budget
+        if budget == "cost":
+            budget = self.COLD_BUDGET
+            if ids and all(pid in self._last for pid in ids):
+                from vllm_rl.darts.budget import choose_budget
+
+                lengths = [self._last[pid] for pid in ids]
+                context = statistics.fmean(x for ls in lengths for x in ls) / 2
+                fits = [b for b in self.candidates if self.max_live is None
+                        or b == 1.0 or round(b * self.M * len(ids)) <= self.max_live]
+                budget, counts, _ = choose_budget(
+                    fits or [1.0], lambda b: self._counts(ids, b), lengths, self.M,
+                    self.cost.ptl(context), self.max_tokens)
+        self.last_budget = budget
+        counts = self._counts(ids, budget)
         return [PromptPlan(pid, m, self.M, sampling_mode(m, m_up), self.K, m_up)
                 for pid, m in zip(ids, counts)]
 
@@ -350,4 +392,6 @@ class DartsPlanner:
                 "darts": {"mode": plan.mode, "k": plan.k, "m_up": plan.m_up}}
 
     def observe(self, lengths_by_prompt: Mapping[Hashable, Iterable[int]]) -> None:
-        self.stats.update_step({k: list(v) for k, v in lengths_by_prompt.items() if v})
+        step = {k: list(v) for k, v in lengths_by_prompt.items() if v}
+        self.stats.update_step(step)
+        self._last.update(step)

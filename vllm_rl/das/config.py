@@ -9,7 +9,10 @@ build both; per-request flags (``das`` section of :mod:`vllm_rl.flags`) choose t
 problem and the policy, and may lower ``b`` or set ``min_prob``.
 
 vLLM runs CPU-side drafters (``ngram``, ``suffix``, ``custom_class``) with synchronous
-scheduling only, so a DAS engine uses :class:`~vllm_rl.engine.scheduler.RLSyncScheduler`.
+scheduling only; ``patches/das_async.py`` lets the DAS drafter run under async
+scheduling (:class:`~vllm_rl.engine.scheduler.RLScheduler`), as stock vLLM schedules on
+a GPU (``DASConfig.async_scheduling``, default on; off:
+:class:`~vllm_rl.engine.scheduler.RLSyncScheduler`).
 """
 from __future__ import annotations
 
@@ -68,6 +71,16 @@ class DASConfig:
     step's token of a sibling rollout that drafted nothing.  Drafts stay lossless (vLLM
     verifies them) and, since every feed is waited for before the next draft,
     reproducible.
+
+    ``async_scheduling`` (default on): the engine schedules asynchronously, as stock
+    vLLM does on a GPU (``patches/das_async.py``).  vLLM schedules step n + 1 and
+    processes step n - 1's output while step n runs; the drafter drafts at the start
+    of step n + 1 from step n's tokens, the drafts it would make synchronously, and
+    the worker cuts each request's speculative slots to its draft.  Off: the engine
+    schedules synchronously (vLLM's only way for a ``custom_class`` drafter).  On
+    vLLM's CPU platform every engine schedules synchronously unless its
+    ``additional_config`` has ``vllm_rl_async_cpu: true``.  Async DAS needs one worker
+    (tensor and pipeline parallel size 1).
     """
 
     budget: int = 4
@@ -86,6 +99,7 @@ class DASConfig:
     history: int = 4096
     stats_rounds: int = 4096
     background_feed: bool = True
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.budget <= MAX_DRAFT // 2:
@@ -132,25 +146,12 @@ class DASConfig:
         return cfg
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """The vLLM engine arguments that start a DAS engine."""
-        from vllm_rl import SYNC_SCHEDULER_CLS
-
-        # Synchronous scheduling: vLLM allows no async scheduling with a custom_class
-        # drafter (0.32.0 and 0.33.0).  custom_class runs on the V1 model runner only
-        # (0.32 config/vllm.py:2927-2934, 0.33 :3066-3068), which refuses async scheduling
-        # with any drafter but EAGLE/MTP/draft_model/ngram_gpu/DSpark/DFlash (0.32
-        # config/vllm.py:1553-1574 raises, :1597-1610 turns it off; 0.33 :1652-1665,
-        # 1668-1680, 1710-1716), and for a reason: under async scheduling the sampled
-        # tokens stay on the GPU, the CPU-side drafters get an empty token list
-        # (gpu_model_runner.py `valid_sampled_token_ids = []`, 0.32:3538, 0.33:3504) and the
-        # engine core never hands drafts to the scheduler (v1/engine/core.py post_step,
-        # 0.32:693, 0.33:703).
+        """The vLLM engine arguments that start a DAS engine (its scheduling:
+        :meth:`vllm_rl.settings.EngineSettings.scheduling`)."""
         return {
             "speculative_config": {"method": "custom_class", "model": PROPOSER,
                                    "num_speculative_tokens": self.num_speculative_tokens},
             "additional_config": {CONFIG_KEY: asdict(self)},
-            "scheduler_cls": SYNC_SCHEDULER_CLS,
-            "async_scheduling": False,
         }
 
 

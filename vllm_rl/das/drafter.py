@@ -50,6 +50,16 @@ and ``batch_cap="phase"`` (the acceptance estimates are one vectorised bisection
 :func:`vllm_rl.das.caps.phase_budgets` is a heap over the distinct (q, cap) pairs,
 ~1-3 µs per drafting request).  ``python -m vllm_rl.bench.das_host`` measures it.
 
+Under vLLM's async scheduling (``DASConfig.async_scheduling``, ``patches/das_async.py``)
+vLLM calls :meth:`propose` while the step's tokens are still on the device: the step
+is noted (:meth:`after_sample`, :meth:`_begin_async`) and fed and drafted at the next
+step's start (:meth:`before_step`), from each request's own context window
+(:class:`~.context.ContextWindows`), which gives the drafts synchronous scheduling
+gives.  A sample with ARRoL flags drafts nothing before its ``l_detect``-th token there:
+under async speculative decoding the host learns how many drafts a step accepted only
+after the next step was prepared, and ARRoL's scorer must know on the host which row
+holds the sample's ``l_detect``-th token and which tokens its trace features read.
+
 Requests without ``das`` flags get no draft and decode as on a stock engine.  A round
 (one rollout batch) ends when no DAS request is left; its N_fwd, the most forward
 passes any of its requests took (Eq. 4: the passes the batch needs), feeds T_short
@@ -71,8 +81,9 @@ from vllm_rl.das import budget as policy
 from vllm_rl.das import caps as draft_caps
 from vllm_rl.cost import OnlineCost, load_cost
 from vllm_rl.cost.host import WORKER as HOST     # the drafter's host time, for the trace
-from vllm_rl.flags import DasFlags, read_or_warn
+from vllm_rl.flags import DasFlags, RLFlags, read_or_warn
 from vllm_rl.das.config import DASConfig, prompt_problem_id
+from vllm_rl.das.context import ContextWindows
 from vllm_rl.das.slots import CLASS, FIXED, OPTIMAL, POLICY_CODES, Slots
 from vllm_rl.das.store import ProblemTrees
 from vllm_rl.das.tree import draft_lists
@@ -92,6 +103,7 @@ PROBE_ROWS = 8
 PRIOR_DRAFTS = 16.0
 PROBLEM_HORIZON = 256
 PHASE_LOG = 256          # recent phase decisions kept for das_phase() (tests, debugging)
+HOST_DECAY = 0.1         # weight of the newest drafting step in draft_host_ms
 
 
 @dataclass
@@ -224,43 +236,81 @@ class DASProposer:
         self._verified = 0                      # draft tokens verified in this step
         self.phase_log: deque = deque(maxlen=PHASE_LOG)
         self.phase_totals = {"decisions": 0, "drafting": 0, "probes": 0, "drafts": 0}
+        self.cap_totals = {"decisions": 0, "off": 0}   # cost cap: steps, steps it said 0
         self._feeder = None                     # the background feed's thread
         self._pending = None                    # its call in flight (a Future)
+        # async scheduling (patches/das_async.py): the step whose tokens are still on the
+        # device, the drafts made from it, and the draft counts the last step verified
+        self._windows = ContextWindows(cfg.max_depth, self.k_max + 1)
+        self._sampled: _InFlight | None = None      # sampled, not proposed yet
+        self._in_flight: list[_InFlight] = []       # proposed, not fed yet (oldest first)
+        self._drafting = True                       # the last decision drafted for a row
+        self._wait_ns = 0                           # waited for the device, this step
+        # async: the host time a drafting step adds to the path (ms, decayed mean; the
+        # cost cap counts it against the tokens drafting saves)
+        self.draft_host_ms = 0.0
+        self._ready: _Ready | None = None
+        self._drafted: dict[str, int] = {}
         self.host_ns = {"feed": 0, "draft": 0, "feed_background": 0}  # the C++ calls' CPU time
 
     # ------------------------------------------------------------------ vLLM hooks
     def load_model(self, *args, **kwargs) -> None:
         """No draft model: the trees are the drafter (and survive weight reloads)."""
 
+    @property
+    def _asynchronous(self) -> bool:
+        """The runner schedules asynchronously (vLLM's ``use_async_scheduling``)."""
+        return bool(getattr(self._runner, "use_async_scheduling", False))
+
     def bind_step(self, runner: Any, scheduler_output: Any) -> None:
         """Called by ``patches/das_proposer_context.py`` before each :meth:`propose`."""
         self._runner, self._sched = runner, scheduler_output
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-                slot_mappings=None) -> list[list[int]]:
-        """vLLM's ``custom_class`` hook: each row's drafts.  Its host time goes to the
-        step trace (:data:`vllm_rl.cost.host.WORKER`)."""
+                slot_mappings=None):
+        """vLLM's ``custom_class`` hook: each row's drafts.  Under async scheduling the
+        step's tokens are still on the device: :meth:`_begin_async` keeps them and the
+        drafts are made at the next step's start (:meth:`before_step`).  Its host time
+        goes to the step trace (:data:`vllm_rl.cost.host.WORKER`)."""
         t0 = time.perf_counter_ns()
         try:
-            return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            runner = self._runner
+            if runner is None:
+                raise RuntimeError("DASProposer.propose called without bind_step: the "
+                                   "vllm_rl das_proposer_context patch is not applied")
+            if self._asynchronous:
+                return self._begin_async(runner)
+            self.settle()
+            batch = runner.input_batch
+            n = len(sampled_token_ids)
+            req_ids = batch.req_ids if len(batch.req_ids) == n else list(batch.req_ids[:n])
+            lens = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=n)
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(lens, out=offsets[1:])
+            tokens = np.fromiter(chain.from_iterable(sampled_token_ids), dtype=np.int32,
+                                 count=int(offsets[-1]))
+            self._retire(runner.requests)
+            step = self._rows(list(map(runner.requests.get, req_ids)), batch, req_ids,
+                              tokens, offsets,
+                              np.asarray(num_tokens_no_spec[:n], dtype=np.int64))
+            drafted = _scheduled_drafts(self._sched, req_ids, n)
+            res = self._run(req_ids, step, drafted, _contexts(token_ids_cpu),
+                            step.ntok.astype(np.int32))
+            return draft_lists(res.drafts, res.lengths)
         finally:
             HOST.drafter_ns += time.perf_counter_ns() - t0
 
-    def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
-        self.settle()
-        runner, sched = self._runner, self._sched
-        if runner is None:
-            raise RuntimeError("DASProposer.propose called without bind_step: the "
-                               "vllm_rl das_proposer_context patch is not applied")
-        batch = runner.input_batch
-        n = len(sampled_token_ids)
-        req_ids = batch.req_ids if len(batch.req_ids) == n else list(batch.req_ids[:n])
-        self._retire(runner.requests)
-        step = self._rows(runner, batch, req_ids, sampled_token_ids, num_tokens_no_spec)
+    def _run(self, req_ids, step: _Step, drafted: np.ndarray, contexts: np.ndarray,
+             context_len: np.ndarray, draft: bool = True):
+        """One step of the drafter over its rows (module docstring, steps 1-4): the
+        drafts as :class:`~vllm_rl.das.tree.BatchDrafts` (none without ``draft``: the
+        budgets are decided, :attr:`_drafting` says whether any row would draft, and
+        the rows are only fed)."""
+        sched = self._sched
         S = self.slots
         das = step.slots >= 0
         active = das & ~S.done[step.safe] & (np.diff(step.offsets) > 0)
-        step_reqs, step_prop, step_acc = self._verify(sched, req_ids, step, active)
+        step_reqs, step_prop, step_acc = self._verify(step, active, drafted)
         live = self._feed(step, active)
         self._account(step_reqs, step_prop, step_acc, bool(len(live)))
         self._maybe_end_round()
@@ -276,22 +326,162 @@ class DASProposer:
                 phase = self._phase(live, step)
             else:
                 self._budget_rows(live, step)
+        hold = S.hold[step.safe]
+        if hold.any():           # ARRoL samples under async scheduling (module docstring)
+            step.max_tokens[das & (S.generated[step.safe] < hold)] = 0
+        # whether the next async step waits to draft: not while live rows all got 0
+        self._drafting = bool(step.max_tokens.any()) if len(live) else True
+        if not draft:
+            step.max_tokens[:] = 0
+            phase = None
         seqs = np.where(das, S.seq[step.safe], -1)
         later = None
         if self.cfg.background_feed:        # rows drafting nothing: fed off the step's path
             later = step.feed * (step.max_tokens <= 0)
             step.feed -= later
         res = self.store.feed_and_draft(
-            seqs, step.tokens, step.offsets, step.feed,
-            _contexts(token_ids_cpu), step.ntok.astype(np.int32), step.max_tokens,
-            S.min_prob[step.safe], backoff=True)
+            seqs, step.tokens, step.offsets, step.feed, contexts, context_len,
+            step.max_tokens, S.min_prob[step.safe], backoff=True)
         self.host_ns["feed"] += res.feed_ns
         self.host_ns["draft"] += res.draft_ns
         if later is not None and later.any():
             self._feed_in_background(seqs, step.tokens, step.offsets, later)
         if phase is not None:
             self._phase_cut(phase, res.lengths)
-        return draft_lists(res.drafts, res.lengths)
+        return res
+
+    # ------------------------------------------------------------------ async scheduling
+    def after_sample(self, runner, sampled) -> None:
+        """Step n sampled, under async scheduling (``patches/das_async.py``, before
+        vLLM's bookkeeping).  ``sampled`` (``[rows, k + 1]``, -1 past a row's accepted
+        tokens) is on the device: give vLLM, there, each row's last token and count
+        (what its async speculative path reads when it prepares step n + 1) and start
+        the ids' copy to the host."""
+        import torch
+
+        t0 = time.perf_counter_ns()
+        n = sampled.shape[0]
+        discard = runner.discard_request_mask.np[:n].copy()
+        counts = (sampled >= 0).sum(dim=1, dtype=torch.int32)
+        if discard.any():
+            counts.masked_fill_(torch.from_numpy(discard).to(counts.device), 0)
+        last = sampled.gather(1, (counts.long() - 1).clamp_(min=0).unsqueeze(1))
+        runner._copy_valid_sampled_token_count(last.squeeze(1).to(torch.int32), counts)
+        host, event = _to_host(sampled)
+        self._sampled = _InFlight(sampled=host, event=event, discard=discard)
+        HOST.drafter_ns += time.perf_counter_ns() - t0
+
+    def _begin_async(self, runner):
+        """vLLM's ``propose`` at the end of step n under async scheduling: note the
+        step's rows as they are now (the runner moves on before they are fed); no drafts
+        yet (:meth:`before_step` makes them)."""
+        import torch
+
+        f, self._sampled = self._sampled, None
+        n = f.sampled.shape[0]
+        batch = runner.input_batch
+        f.req_ids = list(batch.req_ids[:n])
+        f.owners = list(map(runner.requests.get, f.req_ids))
+        f.n_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int64).copy()
+        f.sched = self._sched
+        f.drafted = np.fromiter(map(self._drafted.get, f.req_ids, repeat(0)), np.int64, n)
+        self._in_flight.append(f)
+        return torch.zeros((n, self.k_max), dtype=torch.int32, device=runner.device)
+
+    def _catch_up(self, draft: bool) -> None:
+        """Feed the async steps whose tokens were not fed yet, in order; with ``draft``,
+        all of them, the last one drafting for the next step (:attr:`_ready`); without,
+        all but the last (their copies are done: no wait)."""
+        todo = self._in_flight[:] if draft else self._in_flight[:-1]
+        if not todo:
+            return
+        del self._in_flight[:len(todo)]
+        for j, f in enumerate(todo):
+            self._feed_async(f, draft and j == len(todo) - 1)
+        # the last step's rows may still be fed on the feeder thread, the queued ones are
+        # not fed yet: their requests are sealed at a later step, once fed
+        keep = set(todo[-1].req_ids).union(*(f.req_ids for f in self._in_flight))
+        self._retire(self._runner.requests, keep)
+
+    def _feed_async(self, f: "_InFlight", draft: bool) -> None:
+        """One async step's tokens on the host: feed them and, with ``draft``, draft for
+        the step after it, as :meth:`propose` does under synchronous scheduling (the same
+        drafts: the contexts come from :class:`~.context.ContextWindows`)."""
+        if f.event is not None:
+            t0 = time.perf_counter_ns()
+            f.event.synchronize()
+            self._wait_ns += time.perf_counter_ns() - t0
+        self._wait_feed()
+        arr = f.sampled.numpy()
+        valid = arr >= 0
+        valid[f.discard] = False
+        n = len(f.req_ids)
+        lens = valid.sum(axis=1)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        tokens = arr[valid].astype(np.int32)
+        sched, self._sched = self._sched, f.sched
+        try:
+            step = self._rows(f.owners, None, f.req_ids, tokens, offsets, None)
+            S, win = self.slots, self._windows
+            step.ntok = f.n_prompt + lens + np.where(step.slots >= 0, S.generated[step.safe], 0)
+            win.append(np.where(S.done[step.safe], -1, step.slots), tokens, offsets)
+            contexts, context_len = win.view(step.slots)
+            res = self._run(f.req_ids, step, f.drafted, contexts, context_len, draft)
+        finally:
+            self._sched = sched
+        if draft:
+            self._ready = _Ready(rows={rid: i for i, rid in enumerate(f.req_ids)},
+                                 drafts=res.drafts, lengths=res.lengths, sched=f.sched)
+
+    def before_step(self, runner: Any, scheduler_output: Any):
+        """Called by ``patches/das_async.py`` before each step of an async engine.
+
+        When the step verifies drafts (the scheduler gave DAS samples placeholder slots)
+        and the drafter drafted at its last decision, wait for the last step's tokens,
+        feed them and draft (:meth:`_catch_up`), put the drafts where vLLM's async path
+        reads them (``runner._draft_token_ids``, by the previous step's rows).  Otherwise
+        only the steps before the last are fed (no wait: the forward pass runs on), and
+        the step verifies no drafts; a drafter that starts drafting again does so one
+        step late.
+
+        Returns the scheduler output as the worker runs it (each request's speculative
+        slots cut to its draft: vLLM's scheduler gave every DAS sample
+        ``num_speculative_tokens`` placeholders, and vLLM's ngram_gpu path cuts them the
+        same way), the requests whose slots were cut (with the scheduler's count), and
+        the exact draft counts (the step's output carries them to the scheduler for the
+        records, :func:`vllm_rl.das.engine.count_drafts`)."""
+        t0 = time.perf_counter_ns()
+        try:
+            self._runner = runner
+            spec = scheduler_output.scheduled_spec_decode_tokens
+            draft = bool(spec) and self._drafting
+            self._wait_ns = 0
+            self._catch_up(draft)
+            if draft:                        # what drafting put on the path, the wait aside
+                ms = (time.perf_counter_ns() - t0 - self._wait_ns) / 1e6
+                self.draft_host_ms += HOST_DECAY * (ms - self.draft_host_ms)
+            ready, self._ready = self._ready, None
+            self._drafted = {}
+            if not spec:
+                return scheduler_output, {}, None
+            rows = ready.rows if ready is not None else {}
+            get = rows.get
+            counts, cut = {}, {}
+            for rid, toks in spec.items():
+                i = get(rid)
+                k = 0 if i is None else min(int(ready.lengths[i]), len(toks))
+                counts[rid] = k
+                if k < len(toks):
+                    cut[rid] = len(toks)
+            self._drafted = counts
+            if ready is not None:
+                _upload(runner, ready, self.k_max)
+            if not cut:
+                return scheduler_output, {}, counts
+            return _trimmed(scheduler_output, counts, cut), cut, counts
+        finally:
+            HOST.drafter_ns += time.perf_counter_ns() - t0
 
     # ------------------------------------------------------------------ background feed
     def _feed_in_background(self, seqs, tokens, offsets, feed) -> None:
@@ -308,20 +498,27 @@ class DASProposer:
             np.zeros(n), True)
 
     def settle(self) -> None:
-        """Wait for the background feed of the last step (before anything reads or
-        changes the trees: the next step, the ``das_*`` calls).  Its time off the step's
-        path is in ``host_ns["feed_background"]``; the time waited here is on it."""
+        """Before anything reads or changes the trees (the ``das_*`` calls): finish an
+        async step whose tokens were not fed yet (its drafts wait for the next step) and
+        wait for the background feed."""
+        if self._in_flight:
+            self._catch_up(draft=True)
+        self._wait_feed()
+
+    def _wait_feed(self) -> None:
+        """Wait for the background feed of the last step.  Its time off the step's path
+        is in ``host_ns["feed_background"]``; the time waited here is on it."""
         pending, self._pending = self._pending, None
         if pending is not None:
             self.host_ns["feed_background"] += pending.result().feed_ns
 
     # ------------------------------------------------------------------ rows
-    def _rows(self, runner, batch, req_ids, sampled, num_tokens_no_spec) -> _Step:
-        """The step's rows as arrays; admits the requests seen for the first time (and a
-        new request under a reused id).  C-level passes over vLLM's lists only: a
-        request's own Python runs at its admission."""
+    def _rows(self, owners, batch, req_ids, tokens, offsets, ntok) -> _Step:
+        """The step's rows as arrays (row ``i``, request ``req_ids[i]`` with the runner's
+        state ``owners[i]``, got ``tokens[offsets[i]:offsets[i+1]]``); admits the
+        requests seen for the first time (and a new request under a reused id).  C-level
+        passes over vLLM's lists only: a request's own Python runs at its admission."""
         n = len(req_ids)
-        owners = list(map(runner.requests.get, req_ids))
         key = self._rows_key
         if (key is None or key[0] != req_ids or len(key[1]) != n
                 or not all(map(operator.is_, owners, key[1]))):
@@ -333,36 +530,14 @@ class DASProposer:
                                           dtype=np.int64, count=n)
             self._rows_key = (list(req_ids), owners)
         slots = self._row_slots
-        lens = np.fromiter(map(len, sampled), dtype=np.int64, count=n)
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        tokens = np.fromiter(chain.from_iterable(sampled), dtype=np.int32,
-                             count=int(offsets[-1]))
         return _Step(n=n, slots=slots, safe=np.maximum(slots, 0), tokens=tokens,
-                     offsets=offsets, feed=np.zeros(n, dtype=np.int32),
-                     ntok=np.asarray(num_tokens_no_spec[:n], dtype=np.int64),
+                     offsets=offsets, feed=np.zeros(n, dtype=np.int32), ntok=ntok,
                      max_tokens=np.zeros(n, dtype=np.int32))
 
-    def _verify(self, sched, req_ids, step: _Step, active) -> tuple[int, int, int]:
-        """Eq. 3's counts: per row that was verified on a draft (``active`` and scheduled
-        with one), the draft tokens and how many were accepted (all sampled tokens but
+    def _verify(self, step: _Step, active, drafted: np.ndarray) -> tuple[int, int, int]:
+        """Eq. 3's counts: per row that was verified on a draft (``active``, ``drafted``
+        tokens), the draft tokens and how many were accepted (all sampled tokens but
         the bonus one); returns the step's (requests, proposed, accepted)."""
-        spec = sched.scheduled_spec_decode_tokens if sched is not None else {}
-        if not spec:
-            return 0, 0, 0
-        n = step.n
-        lists = list(map(spec.get, req_ids, repeat(())))
-        lens = np.fromiter(map(len, lists), dtype=np.int64, count=n)
-        total = int(lens.sum())
-        if not total:
-            return 0, 0, 0
-        drafted = lens
-        flat = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=total)
-        neg = np.flatnonzero(flat < 0)
-        if len(neg):                         # placeholders are not drafts
-            ends = np.cumsum(lens)
-            drafted = lens - np.bincount(np.searchsorted(ends, neg, side="right"),
-                                         minlength=n)
         rows = np.flatnonzero(active & (drafted > 0))
         if not len(rows):
             return 0, 0, 0
@@ -433,11 +608,18 @@ class DASProposer:
 
     def _cost_cap(self, batch: int, drafting: int) -> int:
         """Sec. 4.2.1's batch cap from the step-cost model: the draft length that makes
-        this step cheapest per generated token (:func:`.caps.cost_cap`)."""
+        this step cheapest per generated token (:func:`.caps.cost_cap`), host time
+        counted: under async scheduling a drafting step also pays :attr:`draft_host_ms`
+        (the drafter's time after the forward pass, measured), which a step without
+        drafts hides under the forward pass."""
         q = self._recent_acceptance()
         width = lambda k: 1.0 + k * drafting / batch   # noqa: E731
-        return draft_caps.cost_cap(lambda k: self.cost.uniform_ms(batch, width(k), self._context),
-                                   batch, drafting, q, self.k_max)
+        host = self.draft_host_ms if self._asynchronous else 0.0
+
+        def step_ms(k: int) -> float:
+            return self.cost.uniform_ms(batch, width(k), self._context) + (host if k else 0.0)
+
+        return draft_caps.cost_cap(step_ms, batch, drafting, q, self.k_max)
 
     def _recent_acceptance(self) -> float:
         """The engine's per-draft-token acceptance over its last 64 verification steps
@@ -492,6 +674,8 @@ class DASProposer:
         """The cost and linear caps: ``step.max_tokens`` for the rows that draft."""
         if self.cfg.batch_cap == "cost":
             cap, k_cap = 1.0, self._cost_cap(step.n, len(live))
+            self.cap_totals["decisions"] += 1
+            self.cap_totals["off"] += k_cap == 0
             if k_cap == 0:
                 self._undrafted += 1
                 if self._undrafted >= PROBE_EVERY:       # fresh acceptance evidence
@@ -643,16 +827,18 @@ class DASProposer:
         st = None
         params = getattr(cached, "sampling_params", None)
         flags = _das_flags(getattr(params, "extra_args", None), rid)
-        if flags is not None:
-            st = self._start(flags, params, cached, batch, i)
+        if flags is not None and flags.das is not None:
+            st = self._start(flags.das, params, cached, batch, i)
+            if flags.arrol is not None and self._asynchronous:
+                self.slots.hold[st.slot] = flags.arrol.l_detect
             self._slot_of[rid] = st.slot
             self._by_slot[st.slot] = st
         self.requests[rid] = st
         self._owner[rid] = cached
 
     def _start(self, flags: DasFlags, params, cached, batch, i) -> RequestState:
-        n_prompt = int(batch.num_prompt_tokens[i])
         prompt = cached.prompt_token_ids or []
+        n_prompt = len(prompt) if prompt or batch is None else int(batch.num_prompt_tokens[i])
         problem = flags.problem_id or prompt_problem_id(prompt)
         tail = list(prompt[max(0, n_prompt - self.cfg.prompt_tail):n_prompt])
         seq = self.store.start(problem, tail)
@@ -676,6 +862,8 @@ class DASProposer:
         S.class_budget[slot] = self.classes.budget(init, b)
         S.min_prob[slot] = st.min_prob
         S.problem_key[slot] = self._problem_key(problem)
+        if self._asynchronous:
+            self._windows.start(slot, prompt[max(0, n_prompt - self.cfg.max_depth):n_prompt])
         self._running += 1
         self._add_stops(st.stop_ids, 1)
         return st
@@ -739,9 +927,10 @@ class DASProposer:
             self.slots.give_back(st.slot)
             self._rows_key = None                  # the slot may be taken again
 
-    def _retire(self, live_requests: dict) -> None:
-        """Forget requests that left the runner, sealing those not sealed yet."""
-        gone = self._owner.keys() - live_requests.keys()
+    def _retire(self, live_requests: dict, keep=frozenset()) -> None:
+        """Forget requests that left the runner (but those in ``keep``), sealing those not
+        sealed yet."""
+        gone = self._owner.keys() - live_requests.keys() - keep
         for rid in gone:
             self._seal(rid)
         if gone:
@@ -796,6 +985,8 @@ class DASProposer:
             "mean_accepted_per_verification": t.accepted / verifications if verifications else 0.0,
             "n_fwd_recent_rounds": list(self.n_fwd_log),   # T_short is their mean
             "phase": dict(self.phase_totals),               # batch_cap="phase" decisions
+            "cost_cap": dict(self.cap_totals),              # batch_cap="cost": off steps
+            "draft_host_ms": self.draft_host_ms,            # async: a drafting step's path
             "per_step": [list(x) for x in self.verify_log],
         }
 
@@ -816,12 +1007,110 @@ class DASProposer:
         return self.store.clear(problem_id)
 
 
-def _das_flags(extra_args: dict | None, request_id: str) -> DasFlags | None:
-    """A request's DAS flags, read once per request (:func:`vllm_rl.flags.read`: the
+def _das_flags(extra_args: dict | None, request_id: str) -> RLFlags | None:
+    """A request's flags, read once per request (:func:`vllm_rl.flags.read`: the
     canonical form the front end wrote).  Flags that do not read (the front end was
     bypassed) are logged once for the request, which is served without drafts."""
-    flags = read_or_warn(extra_args, request_id, logger)
-    return None if flags is None else flags.das
+    return read_or_warn(extra_args, request_id, logger)
+
+def _scheduled_drafts(sched, req_ids, n: int) -> np.ndarray:
+    """Synchronous scheduling: per row, the draft tokens the step verified (the
+    scheduler's ``scheduled_spec_decode_tokens``, placeholders not counted)."""
+    spec = sched.scheduled_spec_decode_tokens if sched is not None else {}
+    if not spec:
+        return np.zeros(n, dtype=np.int64)
+    lists = list(map(spec.get, req_ids, repeat(())))
+    lens = np.fromiter(map(len, lists), dtype=np.int64, count=n)
+    total = int(lens.sum())
+    if not total:
+        return lens
+    flat = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=total)
+    neg = np.flatnonzero(flat < 0)
+    if len(neg):
+        ends = np.cumsum(lens)
+        lens = lens - np.bincount(np.searchsorted(ends, neg, side="right"), minlength=n)
+    return lens
+
+
+@dataclass
+class _InFlight:
+    """An async step whose sampled ids are on their way to the host, with its rows as
+    the runner had them."""
+
+    sampled: Any                 # host tensor [rows, k + 1]
+    event: Any                   # its copy's event (None: already on the host)
+    discard: np.ndarray          # rows whose sample is discarded (a prefill chunk)
+    req_ids: list = field(default_factory=list)
+    owners: list = field(default_factory=list)   # the runner's state of each row
+    n_prompt: Any = None         # prompt lengths
+    sched: Any = None            # the step's scheduler output (as the worker ran it)
+    drafted: Any = None          # draft tokens each row was verified on in the step
+
+
+@dataclass
+class _Ready:
+    """Drafts made from an async step, for the step after it (rows: that step's)."""
+
+    rows: dict
+    drafts: np.ndarray
+    lengths: np.ndarray
+    sched: Any
+
+
+def _to_host(t):
+    """Start ``t``'s copy to the host: (host tensor, event to wait on, or None)."""
+    import torch
+
+    if t.device.type == "cpu":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+def _upload(runner, ready: _Ready, k_max: int) -> None:
+    """Put the drafts where vLLM's async path scatters them into the step's input ids
+    (``_draft_token_ids``, rows of the previous step, ``prev_num_spec_tokens`` wide)."""
+    import torch
+
+    n = len(ready.rows)
+    drafts = np.zeros((n, k_max), dtype=np.int32)
+    w = min(k_max, ready.drafts.shape[1]) if ready.drafts.ndim == 2 else 0
+    if w:
+        drafts[:, :w] = ready.drafts[:, :w]
+    t = torch.from_numpy(drafts)
+    if runner.device.type != "cpu":
+        t = t.pin_memory().to(runner.device, non_blocking=True)
+    runner._draft_token_ids = t
+    runner.prev_num_spec_tokens = k_max
+    if runner._draft_token_req_ids is not None:      # penalties read the drafts on the host
+        runner._copy_draft_token_ids_to_cpu(ready.sched)
+
+
+def _trimmed(sched, counts: dict, cut: dict):
+    """A copy of the scheduler output with each request in ``cut`` scheduled on its
+    ``counts`` draft tokens only (the scheduler's own object is left as it scheduled)."""
+    import copy
+
+    out = copy.copy(sched)
+    spec = dict(sched.scheduled_spec_decode_tokens)
+    num = dict(sched.num_scheduled_tokens)
+    total = sched.total_num_scheduled_tokens
+    for rid, scheduled in cut.items():
+        k = counts[rid]
+        num[rid] -= scheduled - k
+        total -= scheduled - k
+        if k:
+            spec[rid] = spec[rid][:k]
+        else:
+            del spec[rid]
+    out.scheduled_spec_decode_tokens = spec
+    out.num_scheduled_tokens = num
+    out.total_num_scheduled_tokens = total
+    return out
+
 
 def _contexts(token_ids_cpu) -> np.ndarray:
     """The runner's token array as the batched call reads it (vLLM's is int32 already)."""

@@ -14,12 +14,16 @@ from typing import Any
 
 
 def count_drafts(members: dict, requests: dict, spec_tokens: dict, sampled,
-                 index: dict) -> None:
+                 index: dict, drafted: dict | None = None) -> None:
     """Before vLLM's update, per flagged sample in ``spec_tokens``
     (``SchedulerOutput.scheduled_spec_decode_tokens``): draft tokens verified this step,
     how many were accepted (``sampled``/``index``: the step's
     ``ModelRunnerOutput.sampled_token_ids`` / ``req_id_to_index``), and its length
-    before the update (what it keeps is known after it: :func:`keep_accepted`)."""
+    before the update (what it keeps is known after it: :func:`keep_accepted`).
+
+    Under async scheduling the scheduler's ``spec_tokens`` are placeholders (-1) and the
+    worker verified each sample on its real draft only: ``drafted`` (the step's
+    ``ModelRunnerOutput.vllm_rl_drafts``, ``patches/das_async.py``) has those counts."""
     if not sampled:
         return
     for req_id, spec in spec_tokens.items():
@@ -28,7 +32,8 @@ def count_drafts(members: dict, requests: dict, spec_tokens: dict, sampled,
         request = requests.get(req_id)
         if member is None or i is None or request is None or not sampled[i]:
             continue
-        member.draft_proposed += sum(1 for t in spec if t >= 0)
+        member.draft_proposed += (drafted.get(req_id, 0) if drafted is not None
+                                  else sum(1 for t in spec if t >= 0))
         member.step_accepted = len(sampled[i]) - 1
         member.tokens_before = request.num_output_tokens
 

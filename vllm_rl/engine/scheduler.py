@@ -72,6 +72,7 @@ class RLSchedulerMixin(TraceMixin):
         check_runner(self.vllm_config)      # ARRoL: the capture patch serves the V1 runner
         self.rl_groups = GroupRegistry()
         self.rl_members: dict[str, Member] = {}
+        self.rl_das_live = 0                # members with DAS flags (they draft)
         self._stopped_groups: list[GroupState] = []
         self._watched: dict[str, GroupState] = {}   # M valid ended, shortest not yet known
         self.rl_step = 0
@@ -95,6 +96,7 @@ class RLSchedulerMixin(TraceMixin):
             member = self._admit(request, params.extra_args)
             if member is not None:
                 self.rl_members[request.request_id] = member
+                self.rl_das_live += member.flags.das is not None
                 if member.flags.group is not None:
                     self.rl_groups.join(member)
         super().add_request(request)
@@ -151,7 +153,8 @@ class RLSchedulerMixin(TraceMixin):
         if spec:
             das.count_drafts(members, self.requests, spec,
                              model_runner_output.sampled_token_ids,
-                             model_runner_output.req_id_to_index)
+                             model_runner_output.req_id_to_index,
+                             getattr(model_runner_output, "vllm_rl_drafts", None))
         verdicts = getattr(model_runner_output, "vllm_rl_arrol", None)
         if verdicts:
             self._take_verdicts(verdicts)
@@ -253,6 +256,8 @@ class RLSchedulerMixin(TraceMixin):
         flagged sample that ended by itself (EOS, stop, length) gets its record now,
         before vLLM builds its final output, which carries ``stop_reason``."""
         member = self.rl_members.pop(request.request_id, None)
+        if member is not None and member.flags.das is not None:
+            self.rl_das_live -= 1
         if member is not None:
             if not member.ended and request.status in _NATURAL:
                 if member.step_accepted:
@@ -393,8 +398,29 @@ def _natural_reason(request: Request) -> Reason:
 
 
 class RLScheduler(RLSchedulerMixin, AsyncScheduler):
-    """The RL scheduler on vLLM's ``AsyncScheduler`` (the default RL engine)."""
+    """The RL scheduler on vLLM's ``AsyncScheduler`` (the default RL engine, and DAS
+    engines with ``DASConfig.async_scheduling``)."""
+
+    def _update_after_schedule(self, scheduler_output) -> None:
+        """With a drafter, vLLM's async scheduler gives every decoding request
+        ``num_speculative_tokens`` placeholder drafts for its next step.  Only samples
+        with DAS flags draft (the worker cuts theirs to their real drafts,
+        ``patches/das_async.py``): with none running, no request gets placeholders;
+        otherwise those without DAS flags lose theirs.  No token budget or KV slots are
+        held for drafts that never come."""
+        if not self.num_spec_tokens:
+            return super()._update_after_schedule(scheduler_output)
+        if not self.rl_das_live:
+            scheduler_output.num_spec_tokens_to_schedule = 0
+        super()._update_after_schedule(scheduler_output)
+        if self.rl_das_live and self.rl_das_live < len(scheduler_output.num_scheduled_tokens):
+            members, requests = self.rl_members, self.requests
+            for req_id in scheduler_output.num_scheduled_tokens:
+                member = members.get(req_id)
+                if member is None or member.flags.das is None:
+                    requests[req_id].spec_token_ids = []
 
 
 class RLSyncScheduler(RLSchedulerMixin, Scheduler):
-    """The RL scheduler on vLLM's synchronous ``Scheduler`` (DAS engines)."""
+    """The RL scheduler on vLLM's synchronous ``Scheduler`` (vLLM's CPU platform, and DAS
+    engines with ``das={"async_scheduling": False}``)."""

@@ -59,14 +59,22 @@ class StepTrace:
         self.scorer_ns = array("q")
         self.dropped = 0
 
-    def record(self, widths: list[int], contexts: list[int], schedule_ns: int = 0) -> None:
+    def record(self, widths: list[int], contexts: list[int], schedule_ns: int = 0) -> int:
+        """One step's sequences; returns the position of its first width (-1: dropped)."""
         if len(self) >= self.max_steps:
             self.dropped += 1
-            return
+            return -1
+        start = len(self._widths)
         self._widths.extend(widths)
         self._contexts.extend(contexts)
         self._offsets.append(len(self._widths))
         self.schedule_ns.append(schedule_ns)
+        return start
+
+    def narrow(self, position: int, by: int) -> None:
+        """A sequence computed ``by`` fewer query tokens than it was scheduled (async
+        speculative decoding: placeholder drafts the worker cut, ``patches/das_async.py``)."""
+        self._widths[position] -= by
 
     def add_wall(self, ms: float) -> None:
         """Wall time of one step's output on this machine (from the previous output, or
@@ -181,6 +189,9 @@ class TraceMixin:
         self.rl_trace: StepTrace | None = None
         self._trace_t0: float | None = None
         self._trace_pending_ns = 0     # host time of calls that scheduled nothing
+        # async speculative steps in flight: scheduler output id -> (width position,
+        # request id, placeholder drafts) of each sequence scheduled with placeholders
+        self._trace_spec: dict[int, list[tuple[int, str, int]]] = {}
         if extra.get(CONFIG_KEY):
             self.rl_trace = StepTrace(asynchronous=isinstance(self, AsyncScheduler))
             self.schedule = self._traced_schedule
@@ -200,7 +211,14 @@ class TraceMixin:
         for rid, q in out.num_scheduled_tokens.items():
             widths.append(q)
             contexts.append(max(0, requests[rid].num_computed_tokens - q))
-        self.rl_trace.record(widths, contexts, dt + self._trace_pending_ns)
+        start = self.rl_trace.record(widths, contexts, dt + self._trace_pending_ns)
+        spec = getattr(out, "scheduled_spec_decode_tokens", None)
+        if spec and start >= 0:            # placeholders: the worker may verify fewer
+            pos = {rid: start + i for i, rid in enumerate(out.num_scheduled_tokens)}
+            held = [(pos[rid], rid, len(toks)) for rid, toks in spec.items()
+                    if toks and toks[0] < 0]
+            if held:
+                self._trace_spec[id(out)] = held
         self._trace_pending_ns = 0
         if self._trace_t0 is None:
             self._trace_t0 = time.perf_counter()
@@ -211,6 +229,11 @@ class TraceMixin:
         t0 = perf_counter_ns()
         outputs = type(self).update_from_output(self, scheduler_output, model_runner_output)
         t1 = perf_counter_ns()
+        held = self._trace_spec.pop(id(scheduler_output), None)
+        drafts = getattr(model_runner_output, "vllm_rl_drafts", None)
+        if held and drafts is not None:     # the widths the worker ran (its real drafts)
+            for position, rid, scheduled in held:
+                self.rl_trace.narrow(position, scheduled - drafts.get(rid, 0))
         if self._trace_t0 is not None and scheduler_output.total_num_scheduled_tokens:
             self.rl_trace.add_host(t1 - t0, *WORKER.take())
             now = time.perf_counter()

@@ -1,0 +1,87 @@
+"""DAS under vLLM's asynchronous scheduling (``patches/das_async.py``), against the same
+drafter scheduled synchronously.
+
+The session's ``das_llm`` schedules asynchronously, as a DAS engine does on a GPU (on
+this CPU through ``vllm_rl_async_cpu``); this module starts the same engine with
+``das={"async_scheduling": False}``.  With the same requests (fresh problem ids, so both
+drafters start from empty trees) the two must agree on every token, every record's
+draft counts and every problem's drafted/accepted totals: the async drafter drafts the
+same tokens one step later in wall time, never later in the sequence.
+"""
+import pytest
+from vllm import SamplingParams
+
+from vllm_rl import SCHEDULER_CLS, SYNC_SCHEDULER_CLS, rl_params
+
+pytestmark = pytest.mark.engine
+
+
+def _requests(prompts, tag: str, seed: int, temperature: float):
+    return [SamplingParams(n=1 if temperature == 0 else 4, temperature=temperature,
+                           max_tokens=96, seed=seed + i,
+                           logprobs=0,
+                           extra_args=rl_params(das={"problem_id": f"{tag}-{i}",
+                                                     "policy": "fixed"}))
+            for i in range(len(prompts))]
+
+
+def _run(llm, prompts, tag: str, temperature: float):
+    """Two passes over the prompts: the second drafts from the first one's rollouts."""
+    out = []
+    for seed in (100, 200):
+        out += llm.generate(prompts, _requests(prompts, tag, seed, temperature),
+                            use_tqdm=False)
+    stats = llm.das_stats()["per_problem"]
+    return out, {k: (v["drafted"], v["accepted"]) for k, v in stats.items()
+                 if k.startswith(tag + "-")}
+
+
+def _name(cls) -> str:
+    return cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def test_engines_schedule_as_configured(das_llm, sync_das_llm):
+    a = das_llm.llm_engine.vllm_config.scheduler_config
+    s = sync_das_llm.llm_engine.vllm_config.scheduler_config
+    assert a.async_scheduling and _name(a.scheduler_cls) == SCHEDULER_CLS
+    assert not s.async_scheduling and _name(s.scheduler_cls) == SYNC_SCHEDULER_CLS
+
+
+def test_async_drafts_the_same_tokens_and_records_as_sync(das_llm, sync_das_llm, prompts):
+    ps = prompts[:6]
+    tag = "async-eq"
+    a_out, a_stats = _run(das_llm, ps, tag, 0.0)
+    s_out, s_stats = _run(sync_das_llm, ps, tag, 0.0)
+    drafted = accepted = 0
+    for a, s in zip(a_out, s_out):
+        for x, y in zip(a.outputs, s.outputs):
+            assert list(x.token_ids) == list(y.token_ids)
+            assert [next(iter(d.values())).logprob for d in x.logprobs] == \
+                [next(iter(d.values())).logprob for d in y.logprobs]
+            ra, rs = x.rollout_info, y.rollout_info
+            assert (ra.reason, ra.length, ra.draft_proposed, ra.draft_accepted) == \
+                (rs.reason, rs.length, rs.draft_proposed, rs.draft_accepted)
+            drafted += ra.draft_proposed
+            accepted += ra.draft_accepted
+    assert a_stats == s_stats and len(a_stats) == len(ps)
+    assert accepted > 0 and drafted >= accepted
+    assert (drafted, accepted) == tuple(map(sum, zip(*a_stats.values())))
+
+
+@pytest.mark.parametrize("llm", ["das_llm", "sync_das_llm"])
+def test_records_count_the_drafts_the_drafter_made(llm, prompts, request):
+    """At temperature 1, with siblings drafting from one tree: per problem, the records'
+    draft tokens and accepted tokens are the drafter's own counts."""
+    engine = request.getfixturevalue(llm)
+    ps = prompts[6:12]
+    tag = f"records-{llm}"
+    out, stats = _run(engine, ps, tag, 1.0)
+    per = {}
+    for o, p in zip(out, [f"{tag}-{i}" for i in range(len(ps))] * 2):
+        for c in o.outputs:
+            d, a = per.get(p, (0, 0))
+            per[p] = (d + c.rollout_info.draft_proposed, a + c.rollout_info.draft_accepted)
+    assert {p: d for p, (d, _) in per.items()} == {p: d for p, (d, _) in stats.items()}
+    # the drafter counts accepted drafts past a stop token too; the records do not
+    assert all(per[p][1] <= stats[p][1] for p in per)
+    assert sum(a for _, a in per.values()) > 0

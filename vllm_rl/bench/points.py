@@ -1,0 +1,156 @@
+"""``vllm-rl bench points``: the operating-point table, speed-up over stock by batch size.
+
+One :mod:`vllm_rl.bench.step` run (``--gpu-limits``, each configuration on the engine a
+user would build for it, every engine scheduling asynchronously) per batch size and
+seed, and per configuration the speed-up over stock vLLM (``stock-M``'s time over the
+configuration's, same prompts and seeds, in the same run) twice: with the host time
+measured here counted as the engine schedules ("host-counted", the headline), and on
+the forward passes alone ("GPU-only"), both projected from the step-cost table
+(``--cost``).  Over seeds: the mean and a 95% t-interval.
+
+Output in ``--out``: ``points.json`` (every run's summary rows and the aggregate),
+``points.png`` (speed-up against live sequences, one line per configuration,
+host-counted with its interval, GPU-only dotted) and the table on stdout; each step
+run's own JSON and PNGs under ``--out/runs``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def parser(prog: str = "vllm-rl bench points") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="16,64,128",
+                    help="prompts per step, comma-separated (x M live sequences)")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--m", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--configs", default="darts,duet,das,arrol,das+duet+arrol,all")
+    ap.add_argument("--cost", default="h100:qwen3-8b")
+    ap.add_argument("--host-scale", type=float, default=1.0)
+    ap.add_argument("--kv-gib-per-seq", type=float, default=0.004,
+                    help="KV cache per live sequence and engine, GiB (default 0.004: "
+                         "room for max_tokens 512 on the embedded model)")
+    ap.add_argument("--out", default="bench-results/points")
+    ap.add_argument("--merge", nargs="+", metavar="POINTS_JSON",
+                    help="run nothing: the table and picture of earlier runs' points.json "
+                         "files together (same --m)")
+    return ap
+
+
+def _interval(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and a 95% t-interval over seeds (one seed: no interval)."""
+    from vllm_rl.bench.train import t_interval
+
+    return t_interval(xs)
+
+
+def aggregate(points: list[dict], m: int) -> dict:
+    """Per configuration and size: host-counted and GPU-only speed-ups over seeds."""
+    out: dict[str, dict] = {}
+    for p in points:
+        rows = {r["config"]: r for r in p["summary"]}
+        base = rows[f"stock-{m}"]
+        for name, r in rows.items():
+            if name == f"stock-{m}":
+                continue
+            cell = out.setdefault(name, {}).setdefault(str(p["prompts"]),
+                                                        {"host": [], "gpu": []})
+            cell["host"].append(base["host_counted_ms"] / r["host_counted_ms"])
+            cell["gpu"].append(base["projected_ms"] / r["projected_ms"])
+    for name, sizes in out.items():
+        for size, cell in sizes.items():
+            cell["host_mean"], cell["host_lo"], cell["host_hi"] = _interval(cell["host"])
+            cell["gpu_mean"], cell["gpu_lo"], cell["gpu_hi"] = _interval(cell["gpu"])
+    return out
+
+
+def table(agg: dict, sizes: list[int], m: int) -> str:
+    head = "| config | " + " | ".join(f"{s}x{m} host-counted | {s}x{m} GPU-only"
+                                       for s in sizes) + " |"
+    lines = [head, "|---" * (1 + 2 * len(sizes)) + "|"]
+    for name, cells in agg.items():
+        row = [name]
+        for s in sizes:
+            c = cells.get(str(s))
+            if c is None:
+                row += ["", ""]
+                continue
+            row.append(f"{c['host_mean']:.2f} [{c['host_lo']:.2f}, {c['host_hi']:.2f}]")
+            row.append(f"{c['gpu_mean']:.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _write(out: Path, args, points: list[dict], t0: float) -> dict:
+    agg = aggregate(points, args.m)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "points.json").write_text(json.dumps(
+        {"args": vars(args), "points": points, "aggregate": agg,
+         "total_s": time.perf_counter() - t0}, indent=1))
+    return agg
+
+
+def picture(agg: dict, sizes: list[int], args, path: Path) -> Path:
+    from vllm_rl.bench import plots
+
+    lines, dashed = {}, {}
+    for name, cells in agg.items():
+        have = [s for s in sizes if str(s) in cells]
+        xs = [s * args.m for s in have]
+        c = [cells[str(s)] for s in have]
+        lines[name] = (xs, [x["host_mean"] for x in c], [x["host_lo"] for x in c],
+                       [x["host_hi"] for x in c])
+        dashed[name] = (xs, [x["gpu_mean"] for x in c])
+    return plots.speedups(
+        lines, path, f"Speed-up over stock vLLM, one rollout step (M = {args.m}, max_tokens "
+        f"{args.max_tokens}, projected on {args.cost}, host x {args.host_scale:g})\n"
+        f"solid: host time counted (mean, 95% CI over seeds); dotted: GPU-only",
+        "stock-8 time / configuration time", dashed)
+
+
+def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> dict:
+    from vllm_rl.bench import step
+
+    args = parser(prog).parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    points = []
+    if args.merge:
+        docs = [json.loads(Path(p).read_text()) for p in args.merge]
+        for key in ("max_tokens", "cost", "host_scale"):
+            setattr(args, key, docs[0]["args"][key])
+        points = [pt for d in docs for pt in d["points"]]
+        sizes = sorted({pt["prompts"] for pt in points})
+        size_seeds = []
+    else:
+        size_seeds = [(size, seed) for size in sizes for seed in seeds]
+    for size, seed in size_seeds:
+        print(f"[points] {size} prompts x {args.m}, seed {seed} "
+              f"({len(points) + 1}/{len(size_seeds)})", flush=True)
+        live = min(size * args.m, 1024)            # max_num_seqs with --gpu-limits
+        kv = max(1.0, args.kv_gib_per_seq * live)
+        res = step.main(["--gpu-limits", "--prompts", str(size), "--m", str(args.m),
+                         "--max-tokens", str(args.max_tokens), "--seed", str(seed),
+                         "--configs", args.configs, "--cost", args.cost,
+                         "--host-scale", str(args.host_scale), "--kv-gib", f"{kv:g}",
+                         "--out", str(out / "runs")])
+        points.append({"prompts": size, "seed": seed, "summary": res["summary"],
+                       "total_s": res["total_s"]})
+        _write(out, args, points, t0)
+    agg = _write(out, args, points, t0)
+    png = picture(agg, sizes, args, out / "points.png")
+    print(table(agg, sizes, args.m))
+    print(f"\nresults: {out / 'points.json'}\npicture: {png}\n"
+          f"total {time.perf_counter() - t0:.0f} s")
+    return {"aggregate": agg, "points": points}
+
+
+__all__ = ["aggregate", "main", "parser", "table"]
