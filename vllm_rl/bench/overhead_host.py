@@ -147,10 +147,11 @@ def _worker(role: str, conn, args: dict) -> None:
                                           TRACED_SYNC_SCHEDULER_CLS)
 
         asynchronous = bool(args["asynchronous"])
-        llm = vllm.LLM(model, additional_config={CONFIG_KEY: True},
-                       scheduler_cls=TRACED_SCHEDULER_CLS if asynchronous
+        common = _common(args["seed"], True, kv, args["max_model_len"])
+        common["additional_config"][CONFIG_KEY] = True
+        llm = vllm.LLM(model, scheduler_cls=TRACED_SCHEDULER_CLS if asynchronous
                        else TRACED_SYNC_SCHEDULER_CLS, async_scheduling=asynchronous,
-                       **_common(args["seed"], True, kv, args["max_model_len"]))
+                       **common)
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.engine.input_processor import InputProcessor
 
