@@ -25,10 +25,16 @@ Patched internals (checked on 0.32.0 and 0.33.0):
   ``prev_num_draft_len`` is the scheduler's count again (vLLM's ngram_gpu path does
   the same in ``_update_states``: the scheduler's optimistic token counts assumed every
   placeholder).
+* ``GPUModelRunner._model_forward`` (measurement only): in a step whose drafter waited
+  for the device, vLLM's input preparation from the drafter's return to the forward pass
+  is host time on the step's path; it is added to the path counter
+  (:data:`vllm_rl.cost.host.WORKER`) and handed to the drafter for its cost cap.
 * ``GPUModelRunner.sample_tokens``: the step's output carries the draft tokens each
   request was verified on (``ModelRunnerOutput.vllm_rl_drafts``, pickled with it across
   vLLM's executor, as ARRoL's verdicts are): the scheduler only saw placeholders, and
-  the records count real drafts (:func:`vllm_rl.das.engine.count_drafts`).
+  the records count real drafts (:func:`vllm_rl.das.engine.count_drafts`), and whether
+  the drafter's last decision drafts (``vllm_rl_drafting``): the scheduler gives DAS
+  samples placeholder drafts only while it does.
 
 How it overlaps: vLLM's async engine schedules step n + 1 and processes step n - 1's
 output while step n runs; the drafter needs step n's tokens, so it drafts at the start
@@ -40,20 +46,23 @@ under async scheduling").
 from __future__ import annotations
 
 import functools
+from time import perf_counter_ns
 
 from vllm_rl.settings import CPU_ASYNC_KEY
 
 from . import PatchMismatch
 
 OUTPUT_ATTR = "vllm_rl_drafts"   # ModelRunnerOutput: {request id: draft tokens verified}
+DRAFTING_ATTR = "vllm_rl_drafting"   # ModelRunnerOutput: the drafter's last decision drafts
 
 TARGET_CONFIG = "vllm.config.vllm.VllmConfig.__post_init__"
 TARGET_CPU = "vllm.platforms.cpu.CpuPlatform.check_and_update_config"
 TARGET_BOOKKEEPING = "vllm.v1.worker.gpu_model_runner.GPUModelRunner._bookkeeping_sync"
 TARGET_EXECUTE = "vllm.v1.worker.gpu_model_runner.GPUModelRunner.execute_model"
 TARGET_SAMPLE = "vllm.v1.worker.gpu_model_runner.GPUModelRunner.sample_tokens"
+TARGET_FORWARD = "vllm.v1.worker.gpu_model_runner.GPUModelRunner._model_forward"
 TARGET = (f"{TARGET_CONFIG}, {TARGET_CPU}, {TARGET_BOOKKEEPING}, {TARGET_EXECUTE}, "
-          f"{TARGET_SAMPLE}")
+          f"{TARGET_SAMPLE}, {TARGET_FORWARD}")
 CHECKED = ("0.32.0", "0.33.0")
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
 _RUNNER_FIELDS = ("_draft_token_ids", "prev_num_spec_tokens", "discard_request_mask",
@@ -102,6 +111,11 @@ def check(source=None) -> None:
     if not calls(execute.node, "_update_states", receiver="self"):
         raise PatchMismatch(f"{TARGET_EXECUTE} no longer updates the batch "
                             f"(self._update_states) {where}")
+    if not calls(execute.node, "_model_forward", receiver="self"):
+        raise PatchMismatch(f"{TARGET_EXECUTE} no longer runs the model through "
+                            f"self._model_forward {where}")
+    target_method(src, _RUNNER, "GPUModelRunner", "_model_forward", TARGET_FORWARD, CHECKED,
+                  ("self",))
     target_method(src, _RUNNER, "GPUModelRunner", "sample_tokens", TARGET_SAMPLE, CHECKED,
                   ("self", "grammar_output"))
     for name in ("_copy_valid_sampled_token_count", "_copy_draft_token_ids_to_cpu",
@@ -188,6 +202,9 @@ def _apply_runner() -> None:
         return
     execute = GPUModelRunner.execute_model
     sample_tokens = GPUModelRunner.sample_tokens
+    forward = GPUModelRunner._model_forward
+    from vllm_rl.cost.host import WORKER
+    from vllm_rl.das.drafter import PATH_ATTR, PREP_ATTR
 
     @functools.wraps(bookkeeping)
     def _bookkeeping_sync(self, scheduler_output, sampler_output, *args, **kwargs):
@@ -215,11 +232,26 @@ def _apply_runner() -> None:
     def sample_tokens_(self, *args, **kwargs):
         out = sample_tokens(self, *args, **kwargs)
         drafts = self.__dict__.pop("_vllm_rl_drafts", None)
-        if drafts and out is not None:
-            setattr(getattr(out, "_model_runner_output", out), OUTPUT_ATTR, drafts)
+        if out is not None and self.use_async_scheduling:
+            drafter = getattr(self, "drafter", None)
+            mro = getattr(out, "_model_runner_output", out)
+            if drafts is not None:
+                setattr(mro, OUTPUT_ATTR, drafts)
+            if hasattr(drafter, "before_step"):
+                setattr(mro, DRAFTING_ATTR, drafter.drafting)
         return out
 
+    @functools.wraps(forward)
+    def _model_forward(self, *args, **kwargs):
+        mark = self.__dict__.pop(PATH_ATTR, None)
+        if mark is not None:            # a drafting step: vLLM's preparation on the path
+            prep = perf_counter_ns() - mark
+            WORKER.path_ns += prep
+            self.__dict__[PREP_ATTR] = prep
+        return forward(self, *args, **kwargs)
+
     _bookkeeping_sync._vllm_rl_patched = True
+    GPUModelRunner._model_forward = _model_forward
     GPUModelRunner.sample_tokens = sample_tokens_
     GPUModelRunner._bookkeeping_sync = _bookkeeping_sync
     GPUModelRunner.execute_model = execute_model

@@ -200,6 +200,7 @@ DAS_FIELDS = {
     "policy": _Field(str, choices=DAS_POLICIES),
     "budget": _Field(int, lo=0, hi=MAX_DRAFT),
     "min_prob": _Field(float, lo=0.0, hi=1.0),
+    "force": _Field(bool, False),
 }
 
 
@@ -218,7 +219,10 @@ class DasFlags:
     out, the engine's ``DASConfig.policy`` (``"fixed"``, chosen on the H100 projection,
     ``docs/benchmarks.md``), written into the request's flags at submission.  ``budget``
     is b (default: the engine's), ``min_prob`` the draft's cumulative-probability cutoff
-    (default: the engine's, 0.1).
+    (default: the engine's, 0.1).  DAS switches itself off where drafting would cost more
+    than it saves (the engine's batch cap: a full batch on a GPU; each record's
+    ``draft_off_steps`` says how long); ``force: true`` drafts this request's budget
+    whatever the cap says (forced on; ``budget: 0`` forces it off).
     The engine must have been started with DAS (``vllm_rl.LLM(das=True)``).
     """
 
@@ -226,6 +230,7 @@ class DasFlags:
     policy: str | None
     budget: int | None
     min_prob: float | None
+    force: bool = False
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,10 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "darts_cancelled": ("Samples cancelled by a DARTS early stop of their group.", ()),
     "draft_tokens_proposed": ("DAS draft tokens the ended samples were verified on.", ()),
     "draft_tokens_accepted": ("DAS draft tokens accepted by the model.", ()),
+    "draft_rounds": ("Steps in which the ended DAS samples were verified on drafts.", ()),
+    "draft_off_steps": ("Engine steps in which DAS drafted for no sample (its cost cap "
+                        "had drafting off: verification would cost more than it saves at "
+                        "that batch), summed over the ended DAS samples' lives.", ()),
     "samples_across_weight_sync": ("Samples of requests with vllm_rl flags whose tokens "
                                    "came from more than one weight version (they ran "
                                    "across a weight sync: record weight_versions).", ()),
@@ -98,6 +102,10 @@ def observe(info: RolloutInfo, max_tokens: int | None) -> None:
         c["draft_tokens_proposed"].inc(info.draft_proposed)
     if info.draft_accepted:
         c["draft_tokens_accepted"].inc(info.draft_accepted)
+    if info.draft_rounds:
+        c["draft_rounds"].inc(info.draft_rounds)
+    if info.draft_off_steps:
+        c["draft_off_steps"].inc(info.draft_off_steps)
     if info.weight_versions:
         c["samples_across_weight_sync"].inc()
     if info.reason.early and max_tokens is not None and max_tokens > info.length:

@@ -65,7 +65,11 @@ class RolloutInfo:
     log-probability and mean entropy of the first ``l_detect`` tokens) and ``floor``
     when the coin said prune but the sample's DARTS group was at M.  DAS samples count the
     draft tokens they were verified on (``draft_proposed``) and how many the model accepted
-    (``draft_accepted``); their tokens are the model's own either way.
+    (``draft_accepted``), the steps in which they were verified on drafts
+    (``draft_rounds``) and the engine steps of their life in which DAS drafted for no
+    sample (``draft_off_steps``: its cost cap switches drafting off where verification
+    would cost more than it saves, :mod:`vllm_rl.das.engine`); their tokens are the
+    model's own either way.
 
     ``weight_version`` is the engine's count of weight syncs (prefix-cache resets,
     ``RLSchedulerMixin.reset_prefix_cache``) when the sample's first token was made.  A
@@ -89,6 +93,9 @@ class RolloutInfo:
     k2: int | None = None
     draft_proposed: int | None = None    # DAS: draft tokens this sample was verified on
     draft_accepted: int | None = None    # DAS: of which accepted by the model
+    draft_rounds: int | None = None      # DAS: steps it was verified on at least one draft
+    draft_off_steps: int | None = None   # DAS: engine steps of its life in which DAS drafted
+                                         # for no sample (its cost cap had drafting off)
     score: float | None = None           # ARRoL: the head's score s' at l_detect
     q: float | None = None               # ARRoL: posterior P(correct | bin of s') (Eq. 1)
     p: float | None = None               # ARRoL: survival probability (Eq. 2)

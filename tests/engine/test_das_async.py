@@ -82,6 +82,55 @@ def test_records_count_the_drafts_the_drafter_made(llm, prompts, request):
             d, a = per.get(p, (0, 0))
             per[p] = (d + c.rollout_info.draft_proposed, a + c.rollout_info.draft_accepted)
     assert {p: d for p, (d, _) in per.items()} == {p: d for p, (d, _) in stats.items()}
+    for o in out:             # a round is a step verified on at least one draft token
+        for c in o.outputs:
+            i = c.rollout_info
+            assert (i.draft_rounds == 0) == (i.draft_proposed == 0)
+            assert i.draft_rounds <= min(i.draft_proposed, i.length)
     # the drafter counts accepted drafts past a stop token too; the records do not
     assert all(per[p][1] <= stats[p][1] for p in per)
     assert sum(a for _, a in per.values()) > 0
+
+
+@pytest.fixture(scope="module")
+def capped_llm():
+    """A DAS engine whose batch cap has drafting off at every batch size (the linear cap
+    with ``off_batch=0``), scheduled asynchronously."""
+    from conftest import MAX_MODEL_LEN, shutdown
+
+    from vllm_rl import LLM
+    from vllm_rl.settings import CPU_ASYNC_KEY
+    from vllm_rl.task import MODEL_PATH
+
+    llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN,
+              das={"batch_cap": "linear", "full_batch": 0, "off_batch": 0},
+              additional_config={CPU_ASYNC_KEY: True})
+    yield llm
+    shutdown(llm)
+
+
+def test_switched_off_drafting_is_in_the_records_and_force_overrides_it(capped_llm, prompts):
+    """Where DAS's batch cap has drafting off, no sample drafts and each record counts the
+    engine steps of its life without drafts (at least one per token it generated);
+    ``das.force`` drafts anyway, and the tokens are the same (greedy: lossless)."""
+    ps = prompts[:6]
+
+    def run(tag, force):
+        out = []
+        for seed in (300, 400):         # the second pass drafts from the first's rollouts
+            sp = [SamplingParams(n=1, temperature=0.0, max_tokens=64, seed=seed + i,
+                                 extra_args=rl_params(das={"problem_id": f"{tag}-{i}",
+                                                           "policy": "fixed",
+                                                           "force": force}))
+                  for i in range(len(ps))]
+            out += capped_llm.generate(ps, sp, use_tqdm=False)
+        return [c for o in out for c in o.outputs]
+
+    off, forced = run("capped", False), run("forced", True)
+    for c in off:
+        i = c.rollout_info
+        assert (i.draft_proposed, i.draft_rounds) == (0, 0)
+        assert i.draft_off_steps >= i.length
+    assert sum(c.rollout_info.draft_rounds for c in forced) > 0
+    assert sum(c.rollout_info.draft_accepted for c in forced) > 0
+    assert [list(c.token_ids) for c in forced] == [list(c.token_ids) for c in off]

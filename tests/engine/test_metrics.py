@@ -36,6 +36,8 @@ def _expected(records: list[tuple[RolloutInfo, int]]) -> dict:
             and info.reason is not Reason.DUET_ABORTED)
         add("vllm_rl:draft_tokens_proposed_total", info.draft_proposed or 0)
         add("vllm_rl:draft_tokens_accepted_total", info.draft_accepted or 0)
+        add("vllm_rl:draft_rounds_total", info.draft_rounds or 0)
+        add("vllm_rl:draft_off_steps_total", info.draft_off_steps or 0)
         if info.reason.early:
             add(f'vllm_rl:tokens_saved_estimated_total{{reason="{r}"}}',
                 max(0, max_tokens - info.length))
@@ -71,7 +73,7 @@ def test_observe_output_counts_records_and_flagged_samples_without_one():
     stock = SimpleNamespace(max_tokens_param=100, detokenizer=detok)
     records = [
         RolloutInfo(Reason.DUET_ABORTED, 30, 0.0, keep_prob=0.05, draft_proposed=8,
-                    draft_accepted=3),
+                    draft_accepted=3, draft_rounds=2, draft_off_steps=5),
         RolloutInfo(Reason.EOS, 50, 20.0, keep_prob=0.05),              # eps-kept
         RolloutInfo(Reason.DARTS_CANCELLED, 40, 0.0, score=0.3, q=0.5, p=0.5, pruned=False),
         RolloutInfo(Reason.ARROL_PRUNED, 16, 0.0, score=0.1, pruned=True),

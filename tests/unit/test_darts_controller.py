@@ -372,6 +372,41 @@ def test_predicted_step_cost_and_budget_choice():
     assert (budget, plan) == (2.0, [4])
 
 
+def test_dual_end_groups_never_stop_early():
+    """Alg. 2: only a saturated (shortest-only) group stops at its M-th shortest valid
+    sample; a dual-end group keeps its longest and runs every sample to its end."""
+    from vllm_rl.darts.budget import predicted_step_cost
+
+    flat = lambda b: 1.0                                        # noqa: E731
+    lengths = [[2.0, 10.0]]
+    assert predicted_step_cost([2], lengths, 1, flat, early_stop=[True]) == pytest.approx(2.0)
+    assert predicted_step_cost([2], lengths, 1, flat, early_stop=[False]) == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="early_stop"):
+        predicted_step_cost([2], lengths, 1, flat, early_stop=[True, False])
+
+
+def test_draws_price_the_group_that_never_stops():
+    """With many groups, one of them failing to get M valid samples sets the step's
+    length; the quantile reading never sees it, the seeded draws do, deterministically."""
+    from vllm_rl.darts.budget import choose_budget, predicted_step_cost
+
+    linear = lambda b: 1.0 + 0.01 * b                           # noqa: E731
+    # 64 prompts, each with 2 of 8 last samples at the limit (512)
+    lengths = [[40.0, 60.0, 80.0, 100.0, 120.0, 150.0, 512.0, 512.0]] * 64
+    quant = predicted_step_cost([16] * 64, lengths, 8, linear, 512, [True] * 64)
+    drawn = predicted_step_cost([16] * 64, lengths, 8, linear, 512, [True] * 64, draws=16)
+    assert drawn > quant
+    assert drawn == predicted_step_cost([16] * 64, lengths, 8, linear, 512, [True] * 64,
+                                        draws=16)
+    plans = {1.0: [8] * 64, 2.0: [16] * 64}
+    assert choose_budget([1.0, 2.0], plans.__getitem__, lengths, 8, linear, 512, m_up=16)[0] \
+        == 2.0
+    # the same prompts with half their samples at the limit: redundancy does not pay
+    heavy = [[40.0, 60.0, 80.0, 100.0, 512.0, 512.0, 512.0, 512.0]] * 64
+    assert choose_budget([1.0, 2.0], plans.__getitem__, heavy, 8, linear, 512, m_up=16,
+                         draws=16)[0] == 1.0
+
+
 def test_planner_chooses_the_total_with_the_batch_in_view():
     """budget='cost': 1.5 MN before lengths are known, then the multiple of MN the step-cost
     model predicts cheapest; a larger batch makes redundant samples dearer, never cheaper."""
@@ -397,7 +432,10 @@ def test_planner_chooses_the_total_with_the_batch_in_view():
     full.observe({i: [10] * 11 + [500] for i in range(256)})
     full.plan(list(range(256)))
     assert full.last_budget == 1.0
+    assert full.metrics["darts/off"] == 1.0 and full.metrics["darts/prompts_off"] == 256
+    assert all(p.off and DartsPlanner.flags(p) == {} for p in full.plan(list(range(256))))
     with pytest.raises(ValueError, match="cost="):
-        DartsPlanner(8, budget="cost")
+        DartsPlanner(8, budget="cost", cost=None)
+    assert DartsPlanner(8).budget == "cost"                 # the default decides on cost
     with pytest.raises(ValueError, match="'cost'"):
         DartsPlanner(8, budget=2.5)

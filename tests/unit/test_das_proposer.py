@@ -313,3 +313,19 @@ def test_async_catch_up_feeds_every_step_and_seals_a_departed_request_once_fed()
     assert seqs[0] == PROMPT + [t + 100 for t in range(5, 25)]    # all its tokens, sealed
     assert seqs[1] == PROMPT + list(range(5, 30))
     assert "gone" not in p.requests
+
+
+def test_force_drafts_past_a_batch_cap_that_is_off():
+    """``das.force``: the request drafts its budget where the batch cap has drafting off
+    for everyone else (forced on); ``budget: 0`` drafts nothing (forced off)."""
+    p = _proposer(batch_cap="linear", full_batch=0, off_batch=0)
+    rollout = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    p.prebuild("P", [rollout + [EOS]], PROMPT)
+    runner = Runner()
+    runner.add("capped", _request({"problem_id": "P", "policy": "fixed"}))
+    runner.add("forced", _request({"problem_id": "P", "policy": "fixed", "force": True}))
+    runner.add("off", _request({"problem_id": "P", "policy": "fixed", "force": True,
+                                "budget": 0}))
+    drafts = runner.step(p, {"capped": [11], "forced": [11], "off": [11]})
+    assert drafts["capped"] == [] and drafts["off"] == []
+    assert drafts["forced"] == [12, 13, 14, 15, 16, 17, 18, 19]

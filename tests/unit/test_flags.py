@@ -86,7 +86,8 @@ def test_das_section_defaults_and_problem_id():
     from vllm_rl.flags import normalize, parse
 
     c = normalize({"das": {}})
-    assert c["das"] == {"problem_id": None, "policy": None, "budget": None, "min_prob": None}
+    assert c["das"] == {"problem_id": None, "policy": None, "budget": None, "min_prob": None,
+                       "force": False}
     assert "group" not in c                       # DAS needs no group
     from vllm_rl.das.config import default_problem_id, prompt_problem_id
 

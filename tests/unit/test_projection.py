@@ -32,18 +32,24 @@ def test_sync_sums_gpu_and_host():
         == pytest.approx([13.0, 13.0])
 
 
-def test_async_overlaps_the_core_and_adds_the_worker():
-    # max(10, 2) + 1 and max(5, 8) + 0: the core's host time hides under a long forward
-    # pass and shows when it is the longer; the drafter / scorer never overlap
+def test_async_overlaps_the_host_and_adds_the_path():
+    # max(10, 2 + 1) and max(5, 8 + 0): the core's and the worker's host time (no device
+    # wait) hide under a long forward pass and show when they are the longer
     assert host_counted([10.0, 5.0], [2.0, 8.0], [1.0, 0.0], asynchronous=True) \
-        == pytest.approx([11.0, 8.0])
+        == pytest.approx([10.0, 8.0])
+    # the path (after a wait for the device) adds to the step, scheduled either way
+    assert host_counted([10.0, 5.0], [2.0, 8.0], [1.0, 0.0], True, path_ms=[0.5, 2.0]) \
+        == pytest.approx([10.5, 10.0])
+    assert host_counted([10.0, 5.0], [2.0, 8.0], [1.0, 0.0], False, path_ms=[0.5, 2.0]) \
+        == pytest.approx([13.5, 15.0])
 
 
 def test_host_scale_multiplies_the_host_times_only():
     gpu, core, worker = [10.0, 5.0], [2.0, 8.0], [1.0, 0.0]
     assert host_counted(gpu, core, worker, False, host_scale=0.5) == pytest.approx([11.5, 9.0])
-    assert host_counted(gpu, core, worker, True, host_scale=0.5) == pytest.approx([10.5, 5.0])
-    assert host_counted(gpu, core, worker, True, host_scale=2.0) == pytest.approx([12.0, 16.0])
+    assert host_counted(gpu, core, worker, True, host_scale=0.5) == pytest.approx([10.0, 5.0])
+    assert host_counted(gpu, core, worker, True, host_scale=4.0) == pytest.approx([12.0, 32.0])
+    assert host_counted(gpu, core, worker, True, 2.0, [1.0, 0.0]) == pytest.approx([12.0, 16.0])
     for asynchronous in (False, True):     # a free host: the GPU-only projection
         assert host_counted(gpu, core, worker, asynchronous, host_scale=0.0) == gpu
 
@@ -55,6 +61,8 @@ def test_host_counted_checks_its_input():
         host_counted([1.0], [1.0], [1.0], False, host_scale=float("nan"))
     with pytest.raises(ValueError, match="one entry per step"):
         host_counted([1.0, 2.0], [1.0], [1.0], False)
+    with pytest.raises(ValueError, match="one entry per step"):
+        host_counted([1.0], [1.0], [1.0], False, path_ms=[1.0, 1.0])
     assert host_counted([], [], [], True) == []
 
 
@@ -88,10 +96,10 @@ def test_trace_projection_async_engine_and_host_scale():
     t = _trace(True)
     p = t.project(PerSeq())
     assert p.asynchronous is True
-    assert p.per_step_host_counted_ms == pytest.approx([max(4, 3) + 1, max(2, 7)])
+    assert p.per_step_host_counted_ms == pytest.approx([max(4, 3 + 1), max(2, 7)])
     half = t.project(PerSeq(), host_scale=0.5)
     assert half.gpu_ms == pytest.approx(p.gpu_ms)                  # the GPU part is unscaled
-    assert half.per_step_host_counted_ms == pytest.approx([4 + 0.5, 3.5])
+    assert half.per_step_host_counted_ms == pytest.approx([4, 3.5])
     assert (half.host_core_ms, half.host_worker_ms) == pytest.approx((5.0, 0.5))
     assert t.project(PerSeq(), host_scale=0.0).host_counted_ms == pytest.approx(p.gpu_ms)
 
@@ -123,8 +131,9 @@ def test_a_step_without_its_output_yet_counts_its_schedule_only():
     t.record([1], [0], schedule_ns=MS)
     t.add_host(2 * MS, 3 * MS, 0)
     t.record([1, 1], [0, 0], schedule_ns=4 * MS)       # in flight: no add_host yet
-    core, worker = t.host_ms()
+    core, worker, path = t.host_ms()
     assert core == pytest.approx([3.0, 4.0]) and worker == pytest.approx([3.0, 0.0])
+    assert path == [0.0, 0.0]
     assert t.project(PerSeq()).per_step_host_counted_ms == pytest.approx([1 + 6, 2 + 4])
 
 
@@ -133,12 +142,15 @@ def test_since_mark_slices_the_host_times():
     mark = t.mark()
     t.record([1], [5], schedule_ns=7 * MS)
     t.add_wall(9.0)
-    t.add_host(8 * MS, 1 * MS, 2 * MS)
+    t.add_host(8 * MS, 1 * MS, 2 * MS, 3 * MS)
     part = t.since(mark)
     assert len(part) == 1 and part.asynchronous is True
     assert list(part.schedule_ns) == [7 * MS] and list(part.update_ns) == [8 * MS]
     assert list(part.drafter_ns) == [MS] and list(part.scorer_ns) == [2 * MS]
-    assert part.host_ms() == ([15.0], [3.0])
+    assert part.host_ms() == ([15.0], [3.0], [3.0])
+    p = part.project(PerSeq())
+    assert p.per_step_host_counted_ms == pytest.approx([max(1, 15 + 3) + 3])
+    assert (p.host_worker_ms, p.host_path_ms) == pytest.approx((6.0, 3.0))
     assert t.since(t.mark()).project(PerSeq()).host_counted_ms == 0.0
     d = t.to_dict()
     assert d["asynchronous"] is True and len(d["schedule_ns"]) == 3 == len(d["update_ns"])
@@ -159,7 +171,8 @@ def test_worker_counter_takes_and_zeroes():
     w = WorkerHostTime()
     w.drafter_ns += 5
     w.scorer_ns += 7
-    assert w.take() == (5, 7) and w.take() == (0, 0)
+    w.path_ns += 3
+    assert w.take() == (5, 7, 3) and w.take() == (0, 0, 0)
 
 
 # --------------------------------------------------------- the scheduler's timing hooks

@@ -106,14 +106,15 @@ def running(series: Mapping[str, tuple[Sequence[float], Sequence[int]]], path: s
     return path
 
 
-def timeline(lanes: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float], bool]],
+def timeline(lanes: Mapping[str, tuple[Sequence[float], ...]],
              path: str | Path, title: str) -> Path:
     """Engine steps laid out in time, one panel per entry: ``lanes[name] = (gpu_ms,
-    core_ms, worker_ms, asynchronous)`` per step (:func:`vllm_rl.cost.host.host_counted`'s
-    parts).  Synchronous: the host work (core + worker), then the forward pass.
-    Asynchronous: the worker part (drafter, scorer) on the path, then the forward pass
-    with the core part (scheduling, output processing) beside it; the next step starts
-    when both are done."""
+    core_ms, worker_ms, path_ms, asynchronous)`` per step
+    (:func:`vllm_rl.cost.host.host_counted`'s parts).  Synchronous: the host work (core
+    + worker + path), then the forward pass.  Asynchronous: the path part (after a wait
+    for the device: a DAS step that drafts), then the forward pass with the core and
+    worker parts (scheduling, output processing, the drafter's feeding, the scorer)
+    beside it; the next step starts when both are done."""
     plt = _plt()
     names = list(lanes)
     fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.9 * len(names) + 0.8), dpi=120,
@@ -121,19 +122,19 @@ def timeline(lanes: Mapping[str, tuple[Sequence[float], Sequence[float], Sequenc
     colours = {"GPU forward (projected)": "#0072B2", "host, overlapped": "#BBBBBB",
                "host, on the path": "#D55E00"}
     for ax, name in zip((a[0] for a in axes), names):
-        gpu, core, worker, asynchronous = lanes[name]
+        gpu, core, worker, on_path, asynchronous = lanes[name]
         t = 0.0
         bars = {k: [] for k in colours}
-        for g, c, w in zip(gpu, core, worker):
+        for g, c, w, p in zip(gpu, core, worker, on_path):
             if asynchronous:
-                bars["host, on the path"].append((t, w))
-                bars["GPU forward (projected)"].append((t + w, g))
-                bars["host, overlapped"].append((t + w, c))
-                t += w + max(g, c)
+                bars["host, on the path"].append((t, p))
+                bars["GPU forward (projected)"].append((t + p, g))
+                bars["host, overlapped"].append((t + p, c + w))
+                t += p + max(g, c + w)
             else:
-                bars["host, on the path"].append((t, c + w))
-                bars["GPU forward (projected)"].append((t + c + w, g))
-                t += c + w + g
+                bars["host, on the path"].append((t, c + w + p))
+                bars["GPU forward (projected)"].append((t + c + w + p, g))
+                t += c + w + p + g
         rows = {"GPU forward (projected)": 2, "host, overlapped": 1, "host, on the path": 0}
         for label, spans in bars.items():
             ax.broken_barh([s for s in spans if s[1] > 0], (rows[label] - 0.4, 0.8),

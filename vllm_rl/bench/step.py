@@ -22,8 +22,8 @@ Each run's engine steps are priced on a GPU step-cost table (``--cost``; a proje
 with the host time measured here on each step's critical path ("+host": scheduling,
 output processing with the RL hooks, DAS's drafter, ARRoL's scorer, times
 ``--host-scale``), priced as the engine schedules (:func:`vllm_rl.cost.host.host_counted`:
-the scheduler's and the output processor's time overlaps the forward pass, the drafter's
-and the scorer's adds to it).  ``--gpu-limits`` gives the engines an H100's
+under async scheduling the host work overlaps the forward pass, except what a drafting
+DAS step does after it waited for the last step's ids, which adds to it).  ``--gpu-limits`` gives the engines an H100's
 scheduler limits, so batch shapes are the GPU's.  Reported per configuration: tokens,
 engine steps, the training group (samples, mean reward and length), the learning-signal
 diagnostics of :func:`vllm_rl.integrations.common.advantages.step_diagnostics`, and the
@@ -169,10 +169,11 @@ def run_once(llm, name: str, params: list, prompts: list[str], repeat: int, cost
                 kept.append((r, len(c.token_ids)))
     diag = step_diagnostics(marks, group_advantages(rewards, marks, groups), groups)
     proj = steps.project(cost, host_scale=host_scale)
-    core, worker = steps.host_ms()
+    core, worker, path = steps.host_ms()
     timeline = {"gpu_ms": list(proj.per_step_ms),
                 "core_ms": [host_scale * c for c in core],
-                "worker_ms": [host_scale * w for w in worker]}
+                "worker_ms": [host_scale * w for w in worker],
+                "path_ms": [host_scale * p for p in path]}
     return Run(name, repeat, wall, sum(lengths), len(steps), proj.total_ms,
                len(lengths), len(kept),
                statistics.fmean(r for r, _ in kept) if kept else 0.0,
@@ -225,6 +226,7 @@ def step_params(name: str, prompts: list[str], args, plans: dict, duet: dict) ->
     from vllm import SamplingParams
 
     from vllm_rl import rl_params
+    from vllm_rl.darts import DartsPlanner
 
     def sp(i: int, n: int, extra):
         return SamplingParams(n=n, temperature=1.0, max_tokens=args.max_tokens,
@@ -245,11 +247,12 @@ def step_params(name: str, prompts: list[str], args, plans: dict, duet: dict) ->
         n = m
         if "das" in flags:
             flags["das"] = {**flags["das"], "problem_id": prompt}
-        if "darts" in flags:
+        if "darts" in flags:            # the planner's: none where DARTS is off
             plan = plans[prompt]
             n = plan.n
-            flags["group"] = {"size": m, "redundant": n}
-            flags["darts"] = {"mode": plan.mode, "k": plan.k, "m_up": plan.m_up}
+            del flags["darts"]
+            flags.pop("group", None)
+            flags.update(DartsPlanner.flags(plan))
         out.append(sp(i, n, rl_params(**flags)))
     return out
 
@@ -326,7 +329,7 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
     rows = summarize(runs, stocks[0])
     result = {"model": model, "args": vars(args), "duet": duet,
               "arrol": feedback.metrics, "darts": {p: plans[p].n for p in prompts},
-              "darts_budget": planner.last_budget,
+              "darts_budget": planner.last_budget, "darts_plan": planner.metrics,
               "summary": rows, "runs": [asdict(r) for r in runs],
               "total_s": time.perf_counter() - t_start}
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -393,8 +396,9 @@ def header(args, model: str, n_prompts: int, duet: dict, arrol: dict, plans: dic
             f"the host time MEASURED on this CPU on each step's critical path (scheduling, "
             f"output processing, drafter, scorer; x {args.host_scale:g}): summed with the "
             f"forward pass where the engine schedules synchronously (sync); where it "
-            f"schedules asynchronously (async) the scheduler's and output processing's "
-            f"part overlaps it (max) and the drafter's and scorer's adds. Speed-ups are "
+            f"schedules asynchronously (async) the host work overlaps it (max), except a "
+            f"drafting DAS step's after it waited for the last step's ids (drafting and "
+            f"vLLM's input preparation), which adds. Speed-ups are "
             f"stock-{args.m}'s time over the configuration's.\n")
 
 
@@ -471,7 +475,8 @@ def timeline_png(first: dict, args, path: Path) -> Path:
         if not (name == f"stock-{args.m}" or engine_kind(name) == "das") or not r.timeline:
             continue
         t = r.timeline
-        parts = tuple(t[k][TIMELINE_STEPS] for k in ("gpu_ms", "core_ms", "worker_ms"))
+        parts = tuple(t.get(k, [0.0] * len(t["gpu_ms"]))[TIMELINE_STEPS]
+                      for k in ("gpu_ms", "core_ms", "worker_ms", "path_ms"))
         lanes[f"{name} ({'async' if r.asynchronous else 'sync'}, as run)"] = \
             (*parts, bool(r.asynchronous))
         if name != f"stock-{args.m}" and r.asynchronous:

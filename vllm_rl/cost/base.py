@@ -171,8 +171,9 @@ class Projection:
     (:func:`vllm_rl.cost.host.host_counted`): ``host_counted_ms`` is the same steps with
     the host time on their critical path, ``host_core_ms`` / ``host_worker_ms`` the host
     times it counted (engine core: schedule and output processing; worker: drafter and
-    scorer), already multiplied by ``host_scale``; ``asynchronous`` says how the engine
-    scheduled.  Without host times these stay ``None``.
+    scorer, their path time included), ``host_path_ms`` the part of it after a wait for
+    the device (:data:`vllm_rl.cost.host.WORKER`), already multiplied by ``host_scale``;
+    ``asynchronous`` says how the engine scheduled.  Without host times these stay ``None``.
     """
 
     total_ms: float
@@ -185,6 +186,7 @@ class Projection:
     host_worker_ms: float | None = None
     host_scale: float | None = None
     asynchronous: bool | None = None
+    host_path_ms: float | None = None
 
     @property
     def gpu_ms(self) -> float:
@@ -195,6 +197,7 @@ class Projection:
         """The totals (no per-step lists), JSON-able."""
         return {"gpu_ms": self.total_ms, "host_counted_ms": self.host_counted_ms,
                 "host_core_ms": self.host_core_ms, "host_worker_ms": self.host_worker_ms,
+                "host_path_ms": self.host_path_ms,
                 "host_scale": self.host_scale, "asynchronous": self.asynchronous,
                 "steps": self.steps, "cost_name": self.cost_name}
 

@@ -9,13 +9,16 @@
 - a step's predicted cost under shortest-M early stop, and the budget whose plan costs least
   (:func:`predicted_step_cost`, :func:`choose_budget`).
 
-Pure Python, deterministic.
+Pure Python and numpy, deterministic (the Monte Carlo draws are seeded).
 """
 from __future__ import annotations
 
 import math
 import statistics
 from collections.abc import Callable, Sequence
+
+import numpy as np
+
 from vllm_rl.checks import check_int as _check_int
 from vllm_rl.checks import check_real as _check_real
 from vllm_rl.darts.controller import _check_lengths
@@ -127,49 +130,126 @@ def cost_slope(ptl: Callable[[int], float], mean_length_samples: Sequence[float]
     return cost_line(ptl, mean_length_samples, M, N, num_budgets)[0]
 
 
-def predicted_step_cost(redundant: Sequence[int], lengths_by_prompt: Sequence[Sequence[float]],
-                        M: int, ptl: Callable[[int], float],
-                        max_tokens: float | None = None) -> float:
-    """Eq. 4 over a whole step under shortest-M early stop, from the previous step.
+PRIOR_SAMPLES = 4.0     # pseudo-samples of the pooled lengths in each prompt's resampling
+DRAWS = 16              # Monte Carlo draws of a step in the planner's prediction
 
-    Prompt i generates ``redundant[i]`` samples whose lengths are drawn from its previous
-    lengths (deterministic nearest-rank quantiles at (j − ½)/n, so a length cut at the
-    limit stays at the limit).  A sample reaching ``max_tokens`` is cut, not a valid
-    answer: its group stops when its M-th shortest *valid* sample finishes, and the rest
-    run only that long; a group with fewer than M valid runs to the end.  All groups
-    generate together: the step costs :func:`rollout_cost` of every sample's effective
-    length, priced at the number still running.  More redundancy cuts the long tail but
-    widens the batch; with a step-cost model's PTL (``StepCost.ptl``) this says which
-    wins on the target hardware.
-    """
-    M = _check_int("M", M, 1)
-    effective: list[float] = []
+
+def _effective(redundant: Sequence[int], lengths_by_prompt: Sequence[Sequence[float]],
+               M: int, max_tokens: float | None, early_stop: Sequence[bool] | None,
+               draws: int, seed: int, prior: float) -> list[np.ndarray]:
+    """Each draw's effective lengths of every sample of the step (see
+    :func:`predicted_step_cost`)."""
+    rows = []
     for n, lengths in zip(redundant, lengths_by_prompt, strict=True):
         n = _check_int("redundant", n, M)
         ordered = sorted(_check_lengths("lengths", lengths))
         if not ordered:
             raise ValueError("lengths_by_prompt: every prompt needs a length")
-        drawn = [ordered[min(len(ordered) - 1, int((j + 0.5) / n * len(ordered)))]
-                 for j in range(n)]
-        valid = [x for x in drawn if max_tokens is None or x < max_tokens]
-        if len(valid) >= M:
-            cut = valid[M - 1]
-            drawn = [min(x, cut) for x in drawn]
-        effective += drawn
-    return rollout_cost(effective, ptl)
+        rows.append((n, ordered))
+    stop = (np.ones(len(rows), dtype=bool) if early_stop is None
+            else np.asarray(list(early_stop), dtype=bool))
+    if len(stop) != len(rows):
+        raise ValueError("early_stop: one entry per prompt")
+    limit = math.inf if max_tokens is None else float(max_tokens)
+    if draws == 0:                    # each prompt's quantiles at (j + 1/2) / n
+        x = [np.array([o[min(len(o) - 1, int((j + 0.5) / n * len(o)))] for j in range(n)])
+             for n, o in rows]
+        samples = [_cut(x, stop, M, limit)]
+        return samples
+    N, S = len(rows), max(n for n, _ in rows)
+    K = max(len(o) for _, o in rows)
+    own = np.zeros((N, K))
+    k = np.array([len(o) for _, o in rows], dtype=np.float64)
+    for i, (_, o) in enumerate(rows):
+        own[i, :len(o)] = o
+    n = np.array([n for n, _ in rows])
+    pooled = np.concatenate([np.asarray(o, dtype=np.float64) for _, o in rows])
+    live = np.arange(S)[None, :] < n[:, None]
+    rng = np.random.default_rng(seed)
+    w = (k / (k + prior))[:, None]
+    out = []
+    for _ in range(draws):
+        pick = np.minimum((rng.random((N, S)) * k[:, None]).astype(np.int64), K - 1)
+        x = np.where(rng.random((N, S)) < w, own[np.arange(N)[:, None], pick],
+                     pooled[rng.integers(0, len(pooled), (N, S))])
+        valid = live & (x < limit)
+        if M <= S:
+            cut = np.sort(np.where(valid, x, np.inf), axis=1)[:, M - 1]
+            x = np.where(stop[:, None], np.minimum(x, cut[:, None]), x)
+        out.append(x[live])
+    return out
+
+
+def _cut(x: list[np.ndarray], stop: np.ndarray, M: int, limit: float) -> np.ndarray:
+    """Shortest-M early stop of each stopping group (its M-th shortest valid sample)."""
+    parts = []
+    for xi, s in zip(x, stop):
+        valid = np.sort(xi[xi < limit])
+        parts.append(np.minimum(xi, valid[M - 1]) if s and len(valid) >= M else xi)
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _rollout_cost_array(lengths: np.ndarray, ptl_table: np.ndarray) -> float:
+    """:func:`rollout_cost` over an array, with ``ptl_table[b] = PTL(b)``."""
+    e = np.sort(lengths)
+    n = len(e)
+    steps = np.diff(e, prepend=0.0)
+    return float(steps @ ptl_table[n - np.arange(n)])
+
+
+def predicted_step_cost(redundant: Sequence[int], lengths_by_prompt: Sequence[Sequence[float]],
+                        M: int, ptl: Callable[[int], float],
+                        max_tokens: float | None = None,
+                        early_stop: Sequence[bool] | None = None, draws: int = 0,
+                        seed: int = 0, prior: float = PRIOR_SAMPLES) -> float:
+    """Eq. 4 over a whole step, from each prompt's previous lengths.
+
+    Prompt i generates ``redundant[i]`` samples.  A sample reaching ``max_tokens`` is
+    cut, not a valid answer.  A group that stops early (``early_stop[i]``, Alg. 2 l.12:
+    shortest-only, M'_i = M_up; every group when ``early_stop`` is None) stops when its
+    M-th shortest *valid* sample finishes and the rest run only that long; a group with
+    fewer than M valid, and a dual-end group (Alg. 2 l.5-9: it keeps its longest valid
+    samples, so it never stops early), runs every sample to its end.  All groups
+    generate together: the step costs :func:`rollout_cost` of every sample's effective
+    length, priced at the number still running.  More redundancy cuts the long tail but
+    widens the batch; with a step-cost model's PTL (``StepCost.ptl``) this says which
+    wins on the target hardware.
+
+    The lengths: ``draws=0``, each prompt's deterministic nearest-rank quantiles at
+    (j + ½)/n (a length cut at the limit stays at the limit); ``draws > 0``, the mean
+    over that many Monte Carlo draws of the step (seeded: deterministic), each sample
+    drawn from its prompt's lengths with probability k_i / (k_i + ``prior``) and from
+    every prompt's pooled lengths otherwise (k_i: the prompt's count; a shrinkage
+    bootstrap, so a prompt whose few last samples all finished can still run to the
+    limit).  A step is as long as its slowest group: with many groups, the chance that
+    one of them never gets M valid samples is what decides whether redundancy pays, and
+    only the draws see it.
+    """
+    M = _check_int("M", M, 1)
+    draws = _check_int("draws", draws, 0)
+    samples = _effective(redundant, lengths_by_prompt, M, max_tokens, early_stop, draws,
+                         seed, _check_real("prior", prior, lo=0.0))
+    top = max((len(x) for x in samples), default=0)
+    table = np.array([0.0] + [float(ptl(b)) for b in range(1, top + 1)])
+    return statistics.fmean(_rollout_cost_array(x, table) for x in samples) if top else 0.0
 
 
 def choose_budget(candidates: Sequence[float], plan_for: Callable[[float], Sequence[int]],
                   lengths_by_prompt: Sequence[Sequence[float]], M: int,
                   ptl: Callable[[int], float],
-                  max_tokens: float | None = None) -> tuple[float, list[int], float]:
+                  max_tokens: float | None = None, m_up: int | None = None,
+                  draws: int = 0, seed: int = 0) -> tuple[float, list[int], float]:
     """The total budget (a multiple of M·N) whose plan (``plan_for(budget)`` → M' per
     prompt) has the smallest :func:`predicted_step_cost`; ties: the smaller budget.
+    With ``m_up``, only the prompts at M'_i ≥ ``m_up`` stop early (Alg. 2's modes).
+    Every candidate is priced on the same draws (common random numbers).
     Returns (budget, plan, predicted cost)."""
     best = None
     for budget in sorted(candidates):
         ns = list(plan_for(budget))
-        cost = predicted_step_cost(ns, lengths_by_prompt, M, ptl, max_tokens)
+        stop = None if m_up is None else [n >= m_up for n in ns]
+        cost = predicted_step_cost(ns, lengths_by_prompt, M, ptl, max_tokens, stop,
+                                   draws, seed)
         if best is None or cost < best[2] * (1 - 1e-9):
             best = (budget, ns, cost)
     if best is None:

@@ -263,6 +263,11 @@ class PromptPlan:
     def early_stop(self) -> bool:
         return self.mode == SHORTEST
 
+    @property
+    def off(self) -> bool:
+        """M'_i = M: nothing to select or stop, DARTS is off for this prompt."""
+        return self.n <= self.size
+
     def rl_params(self, group_id: str | None = None) -> dict[str, Any]:
         """The ``SamplingParams.extra_args`` of this group, sent as one request with
         ``n = self.n``.  ``group_id`` is required only when the group is sent as
@@ -310,16 +315,22 @@ class DartsPlanner:
     Keeps each prompt's smoothed length variance (:class:`LengthStats`, Sec. 4.2.2) and,
     for a step's prompts,
 
-    1. sets the total redundancy ``M_total = round(budget * M * N)``: App. B's typical
-       1.5 MN by default; with ``budget="cost"`` and a step-cost model (``cost``), the
-       multiple of MN among ``candidates`` whose plan the model predicts cheapest for the
-       whole step, from each prompt's last lengths (:func:`.budget.choose_budget`: Eq. 4
-       priced at the batch still running, so the batch size is in view: a full batch
-       makes redundant samples dear and 1.0 MN, no redundancy, can win), 1.5 MN while a
-       prompt of the step has no lengths yet (:attr:`last_budget` says which); with
-       ``max_live`` (the engine's ``max_num_seqs``) no candidate whose samples would not
-       all run at once (redundant samples that queue lengthen the step: Eq. 4 prices
-       them as running), 1.0 MN always allowed;
+    1. sets the total redundancy ``M_total = round(budget * M * N)``.  The default,
+       ``budget="cost"``, decides it on a step-cost model (``cost``: the shipped H100
+       table by default, any :func:`vllm_rl.cost.load_cost` spec): the multiple of MN
+       among ``candidates`` whose plan the model predicts cheapest for the whole step,
+       from each prompt's last lengths (:func:`.budget.choose_budget`: Eq. 4 priced at
+       the batch still running, so the batch size is in view; a dual-end group runs all
+       its samples and only a saturated one stops early; the mean over
+       :data:`.budget.DRAWS` seeded draws of the step, so the chance that some group
+       never gets M valid samples is priced).  Redundant samples cost a wider batch and
+       pay only through the groups that stop early, so on a full batch, or where some
+       group runs to the limit anyway, 1.0 MN (no redundancy) wins and DARTS is off for
+       the step.  1.5 MN (App. B's typical value) is the cold start while a prompt of the
+       step has no lengths yet.  With ``max_live`` (the engine's ``max_num_seqs``) no
+       candidate whose samples would not all run at once (redundant samples that queue
+       lengthen the step: Eq. 4 prices them as running), 1.0 MN always allowed.  A
+       number in [1, 2] fixes the multiple (forced on: DARTS runs whatever it costs);
        :func:`adaptive_budget` gives Eq. 8-9's when a cost slope is known,
     2. splits it with Alg. 1 over ``[M_low, M_up] = [M, 2M]`` by the normalised std
        (:func:`allocate`),
@@ -327,6 +338,11 @@ class DartsPlanner:
        valid) while M'_i < M_up; **shortest-only with proactive early stop only where the
        allocation saturates**, M'_i = M_up (Sec. 4.3.1: "we ... treat the saturation of
        the budget (M'_i = M_up) as a proxy for severe long-tail characteristics").
+
+    A prompt given M'_i = M has nothing to select or stop: its plan is ``off`` and
+    :meth:`flags` sends no DARTS flags for it (its samples run as stock vLLM runs them).
+    :attr:`metrics` says what the last plan did (the budget, whether the cost model
+    chose it, the prompts off).
 
     Prompts never seen get the dataset-level std, so the first epoch is a uniform split
     (no saturation unless the budget is the full 2MN).  :meth:`observe` takes a step's
@@ -337,10 +353,11 @@ class DartsPlanner:
     COLD_BUDGET = 1.5       # App. B's typical M_total / (M N): before lengths are known
     CANDIDATES = (1.0, 1.25, 1.5, 1.75, 2.0)
 
-    def __init__(self, M: int, budget: float | str = 1.5, K: int | None = None,
-                 stats: LengthStats | None = None, cost: Any = None,
+    def __init__(self, M: int, budget: float | str = "cost", K: int | None = None,
+                 stats: LengthStats | None = None, cost: Any = "h100",
                  max_tokens: int | None = None,
-                 candidates: Sequence[float] = CANDIDATES, max_live: int | None = None) -> None:
+                 candidates: Sequence[float] = CANDIDATES, max_live: int | None = None,
+                 seed: int = 0) -> None:
         if budget == "cost":
             if cost is None:
                 raise ValueError("DartsPlanner budget='cost' needs a step-cost model (cost=)")
@@ -356,9 +373,11 @@ class DartsPlanner:
         self.K = self.M - 1 if K is None else int(K)
         self.stats = stats or LengthStats()
         self.max_tokens, self.candidates = max_tokens, tuple(candidates)
-        self.max_live = max_live
+        self.max_live, self.seed = max_live, int(seed)
         self._last: dict[Hashable, list[int]] = {}    # each prompt's last lengths
+        self._steps = 0
         self.last_budget: float | None = None         # the multiple of MN the last plan used
+        self.metrics: dict[str, float] = {}           # what the last plan did
 
     def _counts(self, ids: list, budget: float) -> list[int]:
         m_up = 2 * self.M
@@ -368,11 +387,11 @@ class DartsPlanner:
     def plan(self, prompt_ids: Sequence[Hashable]) -> list[PromptPlan]:
         ids = list(prompt_ids)
         m_up = 2 * self.M
-        budget = self.budget
+        budget, chosen = self.budget, 0.0
         if budget == "cost":
             budget = self.COLD_BUDGET
             if ids and all(pid in self._last for pid in ids):
-                from vllm_rl.darts.budget import choose_budget
+                from vllm_rl.darts.budget import DRAWS, choose_budget
 
                 lengths = [self._last[pid] for pid in ids]
                 context = statistics.fmean(x for ls in lengths for x in ls) / 2
@@ -380,14 +399,27 @@ class DartsPlanner:
                         or b == 1.0 or round(b * self.M * len(ids)) <= self.max_live]
                 budget, counts, _ = choose_budget(
                     fits or [1.0], lambda b: self._counts(ids, b), lengths, self.M,
-                    self.cost.ptl(context), self.max_tokens)
+                    self.cost.ptl(context), self.max_tokens, m_up=m_up, draws=DRAWS,
+                    seed=self.seed + self._steps)
+                chosen = 1.0
+        self._steps += 1
         self.last_budget = budget
         counts = self._counts(ids, budget)
-        return [PromptPlan(pid, m, self.M, sampling_mode(m, m_up), self.K, m_up)
-                for pid, m in zip(ids, counts)]
+        plans = [PromptPlan(pid, m, self.M, sampling_mode(m, m_up), self.K, m_up)
+                 for pid, m in zip(ids, counts)]
+        off = sum(p.off for p in plans)
+        self.metrics = {"darts/budget": float(budget), "darts/cost_chosen": chosen,
+                        "darts/prompts_off": float(off),
+                        "darts/off": float(bool(plans) and off == len(plans)),
+                        "darts/redundant": float(sum(counts))}
+        return plans
 
-    def flags(self, plan: PromptPlan) -> dict:
-        """The ``darts`` and ``group`` sections for a plan (``rl_params`` keywords)."""
+    @staticmethod
+    def flags(plan: PromptPlan) -> dict:
+        """The ``darts`` and ``group`` sections for a plan (``rl_params`` keywords); none
+        for a plan that is ``off``."""
+        if plan.off:
+            return {}
         return {"group": {"size": plan.size, "redundant": plan.n},
                 "darts": {"mode": plan.mode, "k": plan.k, "m_up": plan.m_up}}
 

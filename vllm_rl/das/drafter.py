@@ -103,6 +103,8 @@ PROBE_ROWS = 8
 PRIOR_DRAFTS = 16.0
 PROBLEM_HORIZON = 256
 PHASE_LOG = 256          # recent phase decisions kept for das_phase() (tests, debugging)
+PATH_ATTR = "_vllm_rl_path_from"   # runner: a drafting step's path, vLLM's part from here
+PREP_ATTR = "_vllm_rl_prep_ns"     # runner: that part, measured (patches/das_async.py)
 HOST_DECAY = 0.1         # weight of the newest drafting step in draft_host_ms
 
 
@@ -245,9 +247,15 @@ class DASProposer:
         self._sampled: _InFlight | None = None      # sampled, not proposed yet
         self._in_flight: list[_InFlight] = []       # proposed, not fed yet (oldest first)
         self._drafting = True                       # the last decision drafted for a row
+        self._forcing = False                       # a request with das.force was seen
+        self._draft_now = True                      # this decision's drafts are used
         self._wait_ns = 0                           # waited for the device, this step
-        # async: the host time a drafting step adds to the path (ms, decayed mean; the
-        # cost cap counts it against the tokens drafting saves)
+        self._waited_at = 0                         # when the wait for the last ids ended
+        self._path_ns: int | None = None            # the last drafting step's path so far
+        # async: the host time a drafting step adds to the path (ms, decayed mean: the
+        # drafter after its wait for the last step's ids, then vLLM's input preparation
+        # until the forward pass, patches/das_async.py; the cost cap counts it against
+        # the tokens drafting saves)
         self.draft_host_ms = 0.0
         self._ready: _Ready | None = None
         self._drafted: dict[str, int] = {}
@@ -308,6 +316,7 @@ class DASProposer:
         the rows are only fed)."""
         sched = self._sched
         S = self.slots
+        self._draft_now = draft
         das = step.slots >= 0
         active = das & ~S.done[step.safe] & (np.diff(step.offsets) > 0)
         step_reqs, step_prop, step_acc = self._verify(step, active, drafted)
@@ -322,15 +331,23 @@ class DASProposer:
                 self._observe_step(sched, req_ids, step.ntok)
             self._batch = len(req_ids)
             self._context = float(step.ntok.sum()) / max(self._batch, 1)
-            if self.cfg.batch_cap == "phase":
+            forced = live[S.force[step.slots[live]]] if self._forcing else live[:0]
+            if len(forced):                       # das.force: past the batch cap
+                live = live[~S.force[step.slots[live]]]
+            if len(live) and self.cfg.batch_cap == "phase":
                 phase = self._phase(live, step)
-            else:
+            elif len(live):
                 self._budget_rows(live, step)
+            if len(forced):
+                step.max_tokens[forced] = self._room(forced, step,
+                                                     self._budgets(forced, step, 1.0))
         hold = S.hold[step.safe]
         if hold.any():           # ARRoL samples under async scheduling (module docstring)
             step.max_tokens[das & (S.generated[step.safe] < hold)] = 0
-        # whether the next async step waits to draft: not while live rows all got 0
-        self._drafting = bool(step.max_tokens.any()) if len(live) else True
+        # whether the next async step waits to draft: not while live rows all got 0; a
+        # decision to draft made while only feeding holds until a drafting step uses it
+        decided = bool(step.max_tokens.any()) if len(live) else True
+        self._drafting = decided if draft else (self._drafting or decided)
         if not draft:
             step.max_tokens[:] = 0
             phase = None
@@ -351,6 +368,15 @@ class DASProposer:
         return res
 
     # ------------------------------------------------------------------ async scheduling
+    @property
+    def drafting(self) -> bool:
+        """Under async scheduling: whether the drafter's last decision drafted for a row
+        (:meth:`before_step` waits and drafts only then).  Each step's output carries it
+        to the scheduler, which gives DAS samples placeholder drafts only while it holds
+        (``RLScheduler._update_after_schedule``): where the batch cap has drafting off,
+        no KV slots or token budget are held for drafts that never come."""
+        return self._drafting
+
     def after_sample(self, runner, sampled) -> None:
         """Step n sampled, under async scheduling (``patches/das_async.py``, before
         vLLM's bookkeeping).  ``sampled`` (``[rows, k + 1]``, -1 past a row's accepted
@@ -411,6 +437,8 @@ class DASProposer:
             t0 = time.perf_counter_ns()
             f.event.synchronize()
             self._wait_ns += time.perf_counter_ns() - t0
+        if draft:                # the path starts here: the device has nothing queued
+            self._waited_at = time.perf_counter_ns()
         self._wait_feed()
         arr = f.sampled.numpy()
         valid = arr >= 0
@@ -454,13 +482,15 @@ class DASProposer:
         t0 = time.perf_counter_ns()
         try:
             self._runner = runner
+            prep = runner.__dict__.pop(PREP_ATTR, None)
+            if self._path_ns is not None and prep is not None:
+                ms = (self._path_ns + prep) / 1e6      # the last drafting step's path
+                self.draft_host_ms += HOST_DECAY * (ms - self.draft_host_ms)
+            self._path_ns = None
             spec = scheduler_output.scheduled_spec_decode_tokens
             draft = bool(spec) and self._drafting
-            self._wait_ns = 0
+            self._wait_ns = self._waited_at = 0
             self._catch_up(draft)
-            if draft:                        # what drafting put on the path, the wait aside
-                ms = (time.perf_counter_ns() - t0 - self._wait_ns) / 1e6
-                self.draft_host_ms += HOST_DECAY * (ms - self.draft_host_ms)
             ready, self._ready = self._ready, None
             self._drafted = {}
             if not spec:
@@ -471,7 +501,8 @@ class DASProposer:
             for rid, toks in spec.items():
                 i = get(rid)
                 k = 0 if i is None else min(int(ready.lengths[i]), len(toks))
-                counts[rid] = k
+                if k:
+                    counts[rid] = k
                 if k < len(toks):
                     cut[rid] = len(toks)
             self._drafted = counts
@@ -481,7 +512,13 @@ class DASProposer:
                 return scheduler_output, {}, counts
             return _trimmed(scheduler_output, counts, cut), cut, counts
         finally:
-            HOST.drafter_ns += time.perf_counter_ns() - t0
+            end = time.perf_counter_ns()
+            path = end - self._waited_at if self._waited_at else 0
+            HOST.drafter_ns += end - t0 - path
+            HOST.path_ns += path
+            if path:                 # vLLM's input preparation goes on the path too
+                self._path_ns = path
+                runner.__dict__[PATH_ATTR] = end
 
     # ------------------------------------------------------------------ background feed
     def _feed_in_background(self, seqs, tokens, offsets, feed) -> None:
@@ -679,7 +716,9 @@ class DASProposer:
             if k_cap == 0:
                 self._undrafted += 1
                 if self._undrafted >= PROBE_EVERY:       # fresh acceptance evidence
-                    self._undrafted, k_cap = 0, self.k_max
+                    k_cap = self.k_max
+                    if self._draft_now:                  # (a probe only counts if drafted)
+                        self._undrafted = 0
                     live = live[:PROBE_ROWS]
             else:
                 self._undrafted = 0
@@ -788,7 +827,9 @@ class DASProposer:
                 self._log_phase(batch, context, q.tolist(), caps.tolist(), ks.tolist(), False)
                 return None
             # fresh acceptance evidence: the requests with the fewest drafts so far
-            self._undrafted, probe = 0, True
+            probe = True
+            if self._draft_now:
+                self._undrafted = 0
             order = np.argsort(self.slots.est_proposed[step.slots[live]], kind="stable")
             ks = np.zeros(len(live), dtype=np.int64)
             ks[order[:PROBE_ROWS]] = caps[order[:PROBE_ROWS]]
@@ -861,6 +902,9 @@ class DASProposer:
         S.rank[slot] = policy.CLASSES.index(init)
         S.class_budget[slot] = self.classes.budget(init, b)
         S.min_prob[slot] = st.min_prob
+        if flags.force:
+            S.force[slot] = True
+            self._forcing = True
         S.problem_key[slot] = self._problem_key(problem)
         if self._asynchronous:
             self._windows.start(slot, prompt[max(0, n_prompt - self.cfg.max_depth):n_prompt])
@@ -1099,7 +1143,7 @@ def _trimmed(sched, counts: dict, cut: dict):
     num = dict(sched.num_scheduled_tokens)
     total = sched.total_num_scheduled_tokens
     for rid, scheduled in cut.items():
-        k = counts[rid]
+        k = counts.get(rid, 0)
         num[rid] -= scheduled - k
         total -= scheduled - k
         if k:

@@ -7,14 +7,37 @@ scheduler sees, per step, the drafts it scheduled and the tokens each request go
 :func:`count_drafts` adds them to the samples' counts (one pass over the step's
 speculative requests), and the accepted ones a sample keeps (not past a stop) are added
 at its update (:func:`keep_accepted`).
+
+When DAS switched itself off: the drafter's cost cap turns drafting off for the whole
+batch where verification would cost more than it saves (:mod:`vllm_rl.das.caps`).  The
+scheduler counts the engine steps in which DAS samples were in the engine and none was
+verified on a draft (:class:`QuietSteps`); each sample's record says how many of them
+fell in its life (``draft_off_steps``) and in how many steps it was itself verified on
+drafts (``draft_rounds``).
 """
 from __future__ import annotations
 
 from typing import Any
 
 
+class QuietSteps:
+    """The engine's count of steps with DAS samples in the engine in which no sample was
+    verified on a draft (the cost cap had drafting off, or no tree had a continuation);
+    a sample keeps the count at its admission, so its record has the steps of its life."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+
+def admit(member: Any, quiet: QuietSteps) -> None:
+    """A DAS sample joins: it reads ``quiet`` from now on."""
+    member.das_quiet, member.das_quiet_from = quiet, quiet.steps
+
+
 def count_drafts(members: dict, requests: dict, spec_tokens: dict, sampled,
-                 index: dict, drafted: dict | None = None) -> None:
+                 index: dict, drafted: dict | None = None) -> int:
     """Before vLLM's update, per flagged sample in ``spec_tokens``
     (``SchedulerOutput.scheduled_spec_decode_tokens``): draft tokens verified this step,
     how many were accepted (``sampled``/``index``: the step's
@@ -23,19 +46,26 @@ def count_drafts(members: dict, requests: dict, spec_tokens: dict, sampled,
 
     Under async scheduling the scheduler's ``spec_tokens`` are placeholders (-1) and the
     worker verified each sample on its real draft only: ``drafted`` (the step's
-    ``ModelRunnerOutput.vllm_rl_drafts``, ``patches/das_async.py``) has those counts."""
+    ``ModelRunnerOutput.vllm_rl_drafts``, ``patches/das_async.py``) has those counts.
+    Returns the draft tokens verified in the step (flagged samples)."""
     if not sampled:
-        return
+        return 0
+    total = 0
     for req_id, spec in spec_tokens.items():
         member = members.get(req_id)
         i = index.get(req_id)
         request = requests.get(req_id)
         if member is None or i is None or request is None or not sampled[i]:
             continue
-        member.draft_proposed += (drafted.get(req_id, 0) if drafted is not None
-                                  else sum(1 for t in spec if t >= 0))
+        k = (drafted.get(req_id, 0) if drafted is not None
+             else sum(1 for t in spec if t >= 0))
+        if k:
+            member.draft_proposed += k
+            member.draft_rounds += 1
+            total += k
         member.step_accepted = len(sampled[i]) - 1
         member.tokens_before = request.num_output_tokens
+    return total
 
 
 def keep_accepted(member: Any, num_output_tokens: int) -> None:
@@ -48,7 +78,10 @@ def keep_accepted(member: Any, num_output_tokens: int) -> None:
 
 def fields(member: Any) -> dict:
     """DAS's fields of the sample's record."""
-    return {"draft_proposed": member.draft_proposed, "draft_accepted": member.draft_accepted}
+    quiet = member.das_quiet
+    return {"draft_proposed": member.draft_proposed, "draft_accepted": member.draft_accepted,
+            "draft_rounds": member.draft_rounds,
+            "draft_off_steps": 0 if quiet is None else quiet.steps - member.das_quiet_from}
 
 
-__all__ = ["count_drafts", "fields", "keep_accepted"]
+__all__ = ["QuietSteps", "admit", "count_drafts", "fields", "keep_accepted"]

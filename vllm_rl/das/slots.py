@@ -29,7 +29,8 @@ class Slots:
     ``problem_key`` (its problem, for per-problem acceptance), ``hold`` (no drafts
     before this many output tokens: ARRoL's ``l_detect`` under async scheduling); ``policy`` and ``rank``
     (length class, :data:`vllm_rl.das.budget.CLASSES` index) int8, ``min_prob`` float64,
-    ``done`` bool (sealed at a natural end)."""
+    ``done`` bool (sealed at a natural end), ``force`` bool (``das.force``: drafts past
+    the batch cap)."""
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = 0
@@ -45,6 +46,7 @@ class Slots:
         self._resize("rank", np.int8, capacity)
         self._resize("min_prob", np.float64, capacity)
         self._resize("done", np.bool_, capacity)
+        self._resize("force", np.bool_, capacity)
         self._free.extend(range(capacity - 1, old - 1, -1))
         self.capacity = capacity
 
@@ -59,7 +61,7 @@ class Slots:
         if not self._free:
             self._grow(2 * self.capacity)
         slot = self._free.pop()
-        for name in _INT + ("policy", "rank", "min_prob", "done"):
+        for name in _INT + ("policy", "rank", "min_prob", "done", "force"):
             getattr(self, name)[slot] = 0
         self.used += 1
         return slot

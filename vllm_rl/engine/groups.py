@@ -7,7 +7,7 @@ one :class:`GroupState` per live group and drops it once all ``M'`` members have
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm_rl.flags import GroupFlags, RLFlags
 
@@ -30,6 +30,9 @@ class Member:
     arrol_floor: bool = False    # its prune was overruled: its DARTS group was at M
     draft_proposed: int = 0     # speculative tokens this sample was verified on
     draft_accepted: int = 0     # of which the model accepted (and the sample kept)
+    draft_rounds: int = 0       # steps in which it was verified on at least one draft
+    das_quiet: Any = None       # the engine's das.QuietSteps (a DAS sample)
+    das_quiet_from: int = 0     # its count at admission
     step_accepted: int = 0      # accepted this step, until the update sees what is kept
     tokens_before: int = 0      # output tokens before this step's update (DAS counts)
     ended: bool = False         # its record is written (an early or a natural end)

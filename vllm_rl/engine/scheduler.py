@@ -73,6 +73,8 @@ class RLSchedulerMixin(TraceMixin):
         self.rl_groups = GroupRegistry()
         self.rl_members: dict[str, Member] = {}
         self.rl_das_live = 0                # members with DAS flags (they draft)
+        self.rl_das_quiet = das.QuietSteps()  # steps with DAS samples and no draft
+        self.rl_das_drafting = True         # async: the drafter's last decision drafts
         self._stopped_groups: list[GroupState] = []
         self._watched: dict[str, GroupState] = {}   # M valid ended, shortest not yet known
         self.rl_step = 0
@@ -96,7 +98,9 @@ class RLSchedulerMixin(TraceMixin):
             member = self._admit(request, params.extra_args)
             if member is not None:
                 self.rl_members[request.request_id] = member
-                self.rl_das_live += member.flags.das is not None
+                if member.flags.das is not None:
+                    self.rl_das_live += 1
+                    das.admit(member, self.rl_das_quiet)
                 if member.flags.group is not None:
                     self.rl_groups.join(member)
         super().add_request(request)
@@ -150,11 +154,16 @@ class RLSchedulerMixin(TraceMixin):
         if not members:
             return super().update_from_output(scheduler_output, model_runner_output)
         spec = scheduler_output.scheduled_spec_decode_tokens
-        if spec:
-            das.count_drafts(members, self.requests, spec,
-                             model_runner_output.sampled_token_ids,
-                             model_runner_output.req_id_to_index,
-                             getattr(model_runner_output, "vllm_rl_drafts", None))
+        drafting = getattr(model_runner_output, "vllm_rl_drafting", None)
+        if drafting is not None:
+            self.rl_das_drafting = drafting
+        if self.rl_das_live:
+            drafted = spec and das.count_drafts(
+                members, self.requests, spec, model_runner_output.sampled_token_ids,
+                model_runner_output.req_id_to_index,
+                getattr(model_runner_output, "vllm_rl_drafts", None))
+            if not drafted:
+                self.rl_das_quiet.steps += 1
         verdicts = getattr(model_runner_output, "vllm_rl_arrol", None)
         if verdicts:
             self._take_verdicts(verdicts)
@@ -405,12 +414,14 @@ class RLScheduler(RLSchedulerMixin, AsyncScheduler):
         """With a drafter, vLLM's async scheduler gives every decoding request
         ``num_speculative_tokens`` placeholder drafts for its next step.  Only samples
         with DAS flags draft (the worker cuts theirs to their real drafts,
-        ``patches/das_async.py``): with none running, no request gets placeholders;
-        otherwise those without DAS flags lose theirs.  No token budget or KV slots are
-        held for drafts that never come."""
+        ``patches/das_async.py``): with none running, or while the drafter's last
+        decision drafts for no row (its batch cap has drafting off: each step's output
+        says, ``vllm_rl_drafting``), no request gets placeholders; otherwise those
+        without DAS flags lose theirs.  No token budget or KV slots are held for drafts
+        that never come."""
         if not self.num_spec_tokens:
             return super()._update_after_schedule(scheduler_output)
-        if not self.rl_das_live:
+        if not self.rl_das_live or not self.rl_das_drafting:
             scheduler_output.num_spec_tokens_to_schedule = 0
         super()._update_after_schedule(scheduler_output)
         if self.rl_das_live and self.rl_das_live < len(scheduler_output.num_scheduled_tokens):

@@ -40,7 +40,8 @@ class StepTrace:
     the host time on its critical path (ns): ``schedule_ns`` (the scheduler's
     ``schedule``), ``update_ns`` (``update_from_output``, the RL scheduler's hooks
     included), ``drafter_ns`` and ``scorer_ns`` (DAS's drafter and ARRoL's scorer in the
-    model runner, in-process engines only: :data:`vllm_rl.cost.host.WORKER`).
+    model runner, in-process engines only: :data:`vllm_rl.cost.host.WORKER`) and
+    ``path_ns`` (host time after a wait for the device, async DAS steps that draft).
     ``asynchronous`` is how the engine schedules (its scheduler is vLLM's
     ``AsyncScheduler``); ``None`` for a trace built by hand."""
 
@@ -57,6 +58,7 @@ class StepTrace:
         self.update_ns = array("q")
         self.drafter_ns = array("q")
         self.scorer_ns = array("q")
+        self.path_ns = array("q")
         self.dropped = 0
 
     def record(self, widths: list[int], contexts: list[int], schedule_ns: int = 0) -> int:
@@ -82,13 +84,15 @@ class StepTrace:
         if len(self.wall_ms) < self.max_steps:
             self.wall_ms.append(ms)
 
-    def add_host(self, update_ns: int, drafter_ns: int = 0, scorer_ns: int = 0) -> None:
-        """Host time of one step's output: ``update_from_output``, and the drafter's and
-        the scorer's time since the previous output."""
+    def add_host(self, update_ns: int, drafter_ns: int = 0, scorer_ns: int = 0,
+                 path_ns: int = 0) -> None:
+        """Host time of one step's output: ``update_from_output``, and the drafter's,
+        the scorer's and the path time since the previous output."""
         if len(self.update_ns) < self.max_steps:
             self.update_ns.append(update_ns)
             self.drafter_ns.append(drafter_ns)
             self.scorer_ns.append(scorer_ns)
+            self.path_ns.append(path_ns)
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
@@ -119,21 +123,24 @@ class StepTrace:
         out.update_ns = self.update_ns[hosts:]
         out.drafter_ns = self.drafter_ns[hosts:]
         out.scorer_ns = self.scorer_ns[hosts:]
+        out.path_ns = self.path_ns[hosts:]
         return out
 
-    def host_ms(self) -> tuple[list[float], list[float]]:
-        """Per step, ``(core, worker)`` host ms as measured: core = schedule + update,
-        worker = drafter + scorer.  A step whose output has not come back yet (the last
-        one or two of an engine still running) counts its schedule only."""
+    def host_ms(self) -> tuple[list[float], list[float], list[float]]:
+        """Per step, ``(core, worker, path)`` host ms as measured: core = schedule +
+        update, worker = drafter + scorer, path = after a wait for the device.  A step
+        whose output has not come back yet (the last one or two of an engine still
+        running) counts its schedule only."""
         n = len(self)
         core = [ns / 1e6 for ns in self.schedule_ns[:n]]
         core += [0.0] * (n - len(core))
-        worker = [0.0] * n
-        for i, (u, d, sc) in enumerate(zip(self.update_ns[:n], self.drafter_ns[:n],
-                                           self.scorer_ns[:n])):
+        worker, path = [0.0] * n, [0.0] * n
+        for i, (u, d, sc, p) in enumerate(zip(self.update_ns[:n], self.drafter_ns[:n],
+                                              self.scorer_ns[:n], self.path_ns[:n])):
             core[i] += u / 1e6
             worker[i] = (d + sc) / 1e6
-        return core, worker
+            path[i] = p / 1e6
+        return core, worker, path
 
     def summary(self) -> dict[str, float]:
         n = len(self)
@@ -144,7 +151,8 @@ class StepTrace:
                 "max_batch": max((self._offsets[i + 1] - self._offsets[i]
                                   for i in range(n)), default=0),
                 "schedule_ms": sum(self.schedule_ns) * ms, "update_ms": sum(self.update_ns) * ms,
-                "drafter_ms": sum(self.drafter_ns) * ms, "scorer_ms": sum(self.scorer_ns) * ms}
+                "drafter_ms": sum(self.drafter_ns) * ms, "scorer_ms": sum(self.scorer_ns) * ms,
+                "path_ms": sum(self.path_ns) * ms}
 
     def project(self, cost: Any, host_scale: float = 1.0):
         """The same steps priced by ``cost`` (a :class:`vllm_rl.cost.StepCost` or a
@@ -158,13 +166,16 @@ class StepTrace:
         from vllm_rl.cost import host_counted, project
 
         gpu = project(self.steps(), cost)
-        core, worker = self.host_ms()
+        core, worker, path = self.host_ms()
         asynchronous = bool(self.asynchronous)
-        per_step = host_counted(gpu.per_step_ms, core, worker, asynchronous, host_scale)
+        per_step = host_counted(gpu.per_step_ms, core, worker, asynchronous, host_scale,
+                                path)
         s = float(host_scale)
         return replace(gpu, host_counted_ms=math.fsum(per_step),
                        per_step_host_counted_ms=per_step,
-                       host_core_ms=s * math.fsum(core), host_worker_ms=s * math.fsum(worker),
+                       host_core_ms=s * math.fsum(core),
+                       host_worker_ms=s * math.fsum(worker) + s * math.fsum(path),
+                       host_path_ms=s * math.fsum(path),
                        host_scale=s, asynchronous=self.asynchronous)
 
     def to_dict(self) -> dict[str, Any]:
@@ -172,7 +183,7 @@ class StepTrace:
                 "contexts": list(self._contexts), "wall_ms": list(self.wall_ms),
                 "asynchronous": self.asynchronous, "schedule_ns": list(self.schedule_ns),
                 "update_ns": list(self.update_ns), "drafter_ns": list(self.drafter_ns),
-                "scorer_ns": list(self.scorer_ns)}
+                "scorer_ns": list(self.scorer_ns), "path_ns": list(self.path_ns)}
 
 
 class TraceMixin:

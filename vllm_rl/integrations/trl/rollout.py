@@ -101,7 +101,7 @@ class RolloutFunc:
         if self.planner is None and self.redundant is None:
             from vllm_rl.darts.controller import DartsPlanner
 
-            self.planner = DartsPlanner(m)
+            self.planner = DartsPlanner(m, max_tokens=self.max_tokens)
         return self.planner if self.redundant is None else None
 
     def _params(self, prompt: str, m: int, plan=None) -> SamplingParams:
@@ -112,7 +112,9 @@ class RolloutFunc:
         if self.flags is not None:
             flags = copy.deepcopy(self.flags)
             flags.setdefault("group", {})["size"] = m
-            if plan is not None:
+            if plan is not None and plan.off:               # M' = M: DARTS off here
+                del flags["darts"]
+            elif plan is not None:
                 flags["group"]["redundant"] = plan.n
                 darts = flags["darts"] = dict(flags["darts"] or {})
                 if darts.get("mode", "auto") == "auto":     # an explicit mode stays
