@@ -204,8 +204,10 @@ def test_capture_inside_multi_token_das_steps(llm, hf_model, prompts, request):
                          len(o.prompt_token_ids) + L - 1)
         h = torch.from_numpy(info.hidden_state().copy())
         _assert_same_hidden(h, ref)
-    share = 0.5 if llm == "sync_das_llm" else 0.25      # async: none before l_detect
-    assert accepted > share * sum(len(c.token_ids) for o in outs for c in o.outputs)
+    # async: nothing drafted before l_detect, so the share is of the tokens after it
+    after = 0 if llm == "sync_das_llm" else L
+    room = sum(max(len(c.token_ids) - after, 0) for o in outs for c in o.outputs)
+    assert accepted > 0.5 * room
 
 
 def test_all_four_techniques_in_one_request(das_llm, prompts):

@@ -106,6 +106,9 @@ PHASE_LOG = 256          # recent phase decisions kept for das_phase() (tests, d
 PATH_ATTR = "_vllm_rl_path_from"   # runner: a drafting step's path, vLLM's part from here
 PREP_ATTR = "_vllm_rl_prep_ns"     # runner: that part, measured (patches/das_async.py)
 HOST_DECAY = 0.1         # weight of the newest drafting step in draft_host_ms
+# Async scheduling: a step's decision reaches the scheduler's placeholders this many steps
+# later; an ARRoL hold ending within it already counts as drafting.
+HOLD_LAG = 2
 
 
 @dataclass
@@ -342,11 +345,17 @@ class DASProposer:
                 step.max_tokens[forced] = self._room(forced, step,
                                                      self._budgets(forced, step, 1.0))
         hold = S.hold[step.safe]
+        soon = None
         if hold.any():           # ARRoL samples under async scheduling (module docstring)
-            step.max_tokens[das & (S.generated[step.safe] < hold)] = 0
+            generated = S.generated[step.safe]
+            held = das & (generated < hold)
+            # a row released within the scheduler's lag counts as drafting now, so its
+            # placeholders are there the step its hold ends
+            soon = step.max_tokens[held & (generated + HOLD_LAG >= hold)].any()
+            step.max_tokens[held] = 0
         # whether the next async step waits to draft: not while live rows all got 0; a
         # decision to draft made while only feeding holds until a drafting step uses it
-        decided = bool(step.max_tokens.any()) if len(live) else True
+        decided = bool(step.max_tokens.any() or soon) if len(live) else True
         self._drafting = decided if draft else (self._drafting or decided)
         if not draft:
             step.max_tokens[:] = 0
