@@ -111,11 +111,12 @@ def shortest_violations(infos, m: int) -> list[str]:
     Exact rule: the ``m`` selected samples are valid; every cancelled or valid but
     unselected sample is at least as long as the longest selected one, and a valid
     unselected one of equal length finished later (rank).  Samples that ended invalid by
-    their own policy (DUET abort, client abort) never compete, at any length.
+    their own policy (DUET abort, client abort) never compete, at any length, nor do
+    DUET's eps-kept ones (always selected, beside the M).
     """
     from vllm_rl import Reason
 
-    sel = [i for i in infos if i.selected]
+    sel = [i for i in infos if i.selected and not i.eps_kept]   # DUET's tail: beside M
     if not any(i.reason is Reason.DARTS_CANCELLED for i in infos):
         return []                       # the group ran to its end: nothing was cut
     bad = []
@@ -123,7 +124,8 @@ def shortest_violations(infos, m: int) -> list[str]:
         bad.append(f"selected {[(i.reason.value, i.length) for i in sel]}, want {m} valid")
     longest = max((i.length, i.finish_rank) for i in sel) if sel else (0, 0)
     for i in infos:
-        if i.selected or i.reason in (Reason.DUET_ABORTED, Reason.ARROL_PRUNED, Reason.ABORT):
+        if i.selected or i.eps_kept or i.reason in (Reason.DUET_ABORTED, Reason.ARROL_PRUNED,
+                                                    Reason.ABORT):
             continue
         if i.length < longest[0]:
             bad.append(f"{i.reason.value} sample of {i.length} tokens is shorter than a "

@@ -215,7 +215,9 @@ class DasFlags:
     dataset index (or leave the group unnamed and let the prompt key the tree).
     ``policy`` sets the draft budget per verification round: ``"class"`` the length
     classes of Sec. 4.2.3 (0 / b / 2b), ``"optimal"`` Eq. 7 from online acceptance
-    estimates, ``"fixed"`` always 2b (the budget-agnostic baseline of Sec. 5.3); left
+    estimates, ``"fixed"`` always 2b (a constant budget of this project's, not a policy
+    of the paper: its budget-agnostic baseline of Sec. 5.3, "DAS Unlimited budget",
+    drafts as far as the tree allows); left
     out, the engine's ``DASConfig.policy`` (``"fixed"``, chosen on the H100 projection,
     ``docs/benchmarks.md``), written into the request's flags at submission.  ``budget``
     is b (default: the engine's), ``min_prob`` the draft's cumulative-probability cutoff

@@ -57,7 +57,29 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
                                "generated), by reason.", ("reason",)),
 }
 
+# name -> help text: the last value a record showed
+GAUGES: dict[str, str] = {
+    "arrol_head_auc": ("ARRoL: the held-out within-group AUC of the quality head whose "
+                       "calibration scored the last ended sample (the value that opened "
+                       "the pruning gate; record head_auc)."),
+}
+
 _counters: dict[str, Any] | None = None
+_gauges: dict[str, Any] | None = None
+
+
+def gauges() -> dict[str, Any]:
+    """The process's gauges, registered once on prometheus_client's default registry."""
+    global _gauges
+    if _gauges is None:
+        from prometheus_client import REGISTRY, Gauge
+
+        _gauges = {}
+        for name, doc in GAUGES.items():
+            full = NAMESPACE + name
+            existing = REGISTRY._names_to_collectors.get(full)
+            _gauges[name] = existing if existing is not None else Gauge(full, doc)
+    return _gauges
 
 
 def counters() -> dict[str, Any]:
@@ -80,6 +102,7 @@ def counters() -> dict[str, Any]:
                     if name != "tokens_saved_estimated" or reason.early:
                         made[name].labels(reason=reason.value)
         _counters = made
+        gauges()
     return _counters
 
 
@@ -98,6 +121,8 @@ def observe(info: RolloutInfo, max_tokens: int | None) -> None:
         c["duet_eps_kept"].inc()
     if info.score is not None:
         c["arrol_scored"].inc()
+        if info.head_auc is not None:
+            gauges()["arrol_head_auc"].set(info.head_auc)
     if info.draft_proposed:
         c["draft_tokens_proposed"].inc(info.draft_proposed)
     if info.draft_accepted:

@@ -56,14 +56,17 @@ class RolloutInfo:
     enter the training group).  ``finish_rank`` is the 1-based order in which the
     sample's group members ended (cancelled ones have none).  ``selected`` says whether
     it belongs to the M-sample training group, ``selection`` whether as one of the
-    ``"short"`` or ``"long"`` end (DARTS dual-end) or ``"shortest"`` (early stop).
+    ``"short"`` or ``"long"`` end (DARTS dual-end), ``"shortest"`` (early stop) or
+    ``"eps_kept"`` (DUET's coin kept it past the gate: in the group beside the M,
+    :attr:`eps_kept`).
     DUET samples kept after the gate have ``keep_prob = eps`` and weight ``1/eps``;
     aborted ones weight 0.  ARRoL samples scored at ``l_detect`` carry the head's
     ``score``, the calibrated ``q``, the survival probability ``p`` (None in the cold
     start), the ``head_version``, whether they were ``pruned`` (then reason
     ``arrol_pruned``, weight 0), their ``trace`` features (mean and minimum token
     log-probability and mean entropy of the first ``l_detect`` tokens) and ``floor``
-    when the coin said prune but the sample's DARTS group was at M.  DAS samples count the
+    when it was scored while its DARTS group was at M (kept whatever its coin said: no
+    coin decided it, so its survival weight is 1, not 1/p).  DAS samples count the
     draft tokens they were verified on (``draft_proposed``) and how many the model accepted
     (``draft_accepted``), the steps in which they were verified on drafts
     (``draft_rounds``) and the engine steps of their life in which DAS drafted for no
@@ -100,6 +103,8 @@ class RolloutInfo:
     q: float | None = None               # ARRoL: posterior P(correct | bin of s') (Eq. 1)
     p: float | None = None               # ARRoL: survival probability (Eq. 2)
     head_version: int | None = None      # ARRoL: the head version that scored it
+    head_auc: float | None = None        # ARRoL: that head's held-out within-group AUC,
+                                         # which opened the pruning gate (its calibration's)
     pruned: bool | None = None           # ARRoL: pruned at l_detect
     hidden: Any = field(default=None, compare=False, repr=False)   # ARRoL return_hidden:
                                          # the float32 vector at l_detect, in-process only
@@ -107,8 +112,8 @@ class RolloutInfo:
     hidden_id: str | None = None         # ARRoL return_hidden: the key of its hidden state
                                          # kept on the worker (vllm_rl.arrol.hidden)
     trace: list[float] | None = None     # ARRoL: TRACE_FEATURES over the first l_detect tokens
-    floor: bool | None = None            # ARRoL: its coin said prune, overruled because its
-                                         # DARTS group was at M (composition rule)
+    floor: bool | None = None            # ARRoL: scored while its DARTS group was at M, kept
+                                         # whatever its coin said (composition rule)
     weight_version: int | None = None    # the engine's weight version of its first token
     weight_versions: list[list[int]] | None = None  # across weight syncs: [version, first
                                          # output-token index] per version, in order
@@ -129,6 +134,15 @@ class RolloutInfo:
     def valid(self) -> bool:
         """A complete answer: ended by the model or at its answer marker."""
         return self.reason.valid
+
+    @property
+    def eps_kept(self) -> bool:
+        """DUET: past the gate with no marker and kept by its coin (``keep_prob`` = eps
+        < 1, weight 1/eps, Eq. 6).  Inside a DARTS group such a sample stands for DUET's
+        marker-less tail and is outside DARTS's pool (the composition rule,
+        ``docs/ARCHITECTURE.md``): never counted toward M, cancelled or deselected."""
+        return (self.keep_prob is not None and self.keep_prob < 1.0
+                and self.reason is not Reason.DUET_ABORTED)
 
     # -- wire format ------------------------------------------------------------
     def encode(self) -> str:

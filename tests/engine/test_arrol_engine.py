@@ -234,8 +234,10 @@ def test_all_four_techniques_in_one_request(das_llm, prompts):
                 assert i.score is not None and i.head_version == v and i.p == pytest.approx(0.75)
             if i.reason is Reason.ARROL_PRUNED:
                 assert i.pruned and i.weight == 0.0 and not i.selected
-            if i.selected:
+            if i.selected and not i.eps_kept:
                 assert i.reason.valid and i.weight > 0
+            if i.eps_kept:          # DUET's tail: beside DARTS's M, never cancelled
+                assert i.selected and i.weight == pytest.approx(1 / 0.2)
             if i.reason in (Reason.DUET_ABORTED,):
                 assert i.weight == 0.0 and i.k2 == 100
     assert Reason.ARROL_PRUNED in reasons

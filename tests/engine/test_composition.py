@@ -24,72 +24,84 @@ def _records(outs):
     return [[c.rollout_info for c in o.outputs] for o in outs]
 
 
-def test_duet_gate_inside_a_darts_group_is_a_length_cap(rl_llm, prompts):
-    """eps = 1 keeps every gated sample outside DARTS (weight 1); inside a DARTS group
-    the same flags abort them at K2 + G, and they are never selected."""
+def test_duet_gate_inside_a_darts_group_keeps_its_eps(rl_llm, prompts):
+    """Composition rule: DUET keeps its eps inside a DARTS group.  eps = 1 keeps every
+    gated sample there as outside it (weight 1, in DARTS's pool); with eps = 0.5 the coin
+    aborts some (weight 0, never selected) and keeps the others with weight 2, outside
+    DARTS's pool: always selected, beside DARTS's M."""
     duet = {"pattern": NEVER, "k1": 8, "k2": 24, "grace": 8, "eps": 1.0}
-    alone = rl_llm.generate(prompts[:6], SamplingParams(
-        n=4, temperature=1.0, max_tokens=64, seed=3, extra_args=rl_params(duet=duet)),
-        use_tqdm=False)
-    infos = [i for g in _records(alone) for i in g]
-    assert not any(i.reason is Reason.DUET_ABORTED for i in infos)
-    assert any(i.keep_prob == 1.0 and i.length > 32 for i in infos)
-    grouped = rl_llm.generate(prompts[:6], SamplingParams(
-        n=8, temperature=1.0, max_tokens=64, seed=3, extra_args=rl_params(
-            group={"size": 4}, darts={"mode": "dual_end", "k": 3}, duet=duet)),
-        use_tqdm=False)
-    aborted = 0
-    for group in _records(grouped):
+
+    def params(d):
+        return SamplingParams(n=8, temperature=1.0, max_tokens=64, seed=3, extra_args=rl_params(
+            group={"size": 4}, darts={"mode": "dual_end", "k": 3}, duet=d))
+
+    infos = [i for g in _records(rl_llm.generate(prompts[:6], params(duet), use_tqdm=False))
+             for i in g]
+    assert not any(i.reason is Reason.DUET_ABORTED or i.eps_kept for i in infos)
+    assert any(i.keep_prob == 1.0 and i.length > 32 and i.weight == 1.0 for i in infos)
+    aborted = kept = 0
+    for group in _records(rl_llm.generate(prompts[:6], params({**duet, "eps": 0.5}),
+                                          use_tqdm=False)):
+        assert sum(1 for i in group if i.selection in ("short", "long")) <= 4
         for i in group:
             if i.reason is Reason.DUET_ABORTED:
                 aborted += 1
                 assert i.weight == 0.0 and not i.selected and i.length == 32
-            assert i.weight in (0.0, 1.0)                # never 1/eps inside DARTS
-    assert aborted > 0
+            elif i.eps_kept:
+                kept += 1
+                assert i.selected and i.selection == "eps_kept" and i.weight == 2.0
+            else:
+                assert i.weight in (0.0, 1.0) and i.keep_prob == 1.0
+    assert aborted > 0 and kept > 0
 
 
-def _flat(delta: float) -> dict:
-    return {"pos": [0] * BINS, "neg": [0] * BINS, "alpha": 1.0, "prior": 0.5,
-            "delta": delta, "bins": BINS}
+def _flat(delta: float, auc: float | None = None) -> dict:
+    d = {"pos": [0] * BINS, "neg": [0] * BINS, "alpha": 1.0, "prior": 0.5,
+         "delta": delta, "bins": BINS}
+    return d if auc is None else {**d, "auc": auc}
 
 
 def test_arrol_inside_a_darts_group_keeps_m_and_composes_kappa(das_llm, prompts):
-    """κ applies to the redundancy: p = κ' = M/M' + κ(1 - M/M') with a flat calibration;
-    with every p at p_min the coins would prune 90%, but no group drops below M."""
+    """ARRoL acts on the redundancy: p' = M/M' + (1 - M/M') p, so a flat calibration
+    (p = κ) gives κ' = M/M' + κ(1 - M/M'); with every p at p_min = 0 each sample is
+    pruned with probability 1 - M/M' (ARRoL's share, M' - M in expectation), no group
+    drops below M, and every sample scored at that floor says so."""
     m, n, L = 4, 8, 12
     flags = dict(group={"size": m}, darts={"mode": "dual_end", "k": m - 1},
                  arrol={"l_detect": L})
-    das_llm.arrol_update(calibration=_flat(0.0))
+    das_llm.arrol_update(calibration=_flat(0.0, auc=0.77))      # the AUC that opened it
     outs = das_llm.generate(prompts[:4], SamplingParams(
         n=n, temperature=1.0, max_tokens=64, seed=8, extra_args=rl_params(**flags)),
         use_tqdm=False)
     kappa = composed_kappa(0.5, m, n)
     assert kappa == pytest.approx(0.75)
-    assert all(i.p == pytest.approx(kappa) for g in _records(outs) for i in g
-               if i.score is not None)
-    das_llm.arrol_update(calibration=_flat(-1.0))                 # p = p_min = 0.1 for all
+    scored = [i for g in _records(outs) for i in g if i.score is not None]
+    assert scored and all(i.p == pytest.approx(kappa) and i.head_auc == 0.77 for i in scored)
+    das_llm.arrol_update(calibration=_flat(-1.0))                 # p = p_min = 0 for all
+    floor_flags = dict(flags, arrol={"l_detect": L, "p_min": 0.0})
     try:
-        outs = das_llm.generate(prompts[4:12], SamplingParams(
-            n=n, temperature=1.0, max_tokens=64, seed=9, extra_args=rl_params(**flags)),
-            use_tqdm=False)
+        outs = das_llm.generate(prompts[4:20], SamplingParams(
+            n=n, temperature=1.0, max_tokens=64, seed=9,
+            extra_args=rl_params(**floor_flags)), use_tqdm=False)
         alone = das_llm.generate(prompts[4:12], SamplingParams(
             n=n, temperature=1.0, max_tokens=64, seed=9, extra_args=rl_params(
-                arrol={"l_detect": L})), use_tqdm=False)
+                arrol={"l_detect": L, "p_min": 0.0})), use_tqdm=False)
     finally:
         das_llm.arrol_update(cold_start=True)
     floors = 0
     for group in _records(outs):
         left = [i for i in group if i.reason is not Reason.ARROL_PRUNED]
-        assert len(left) >= m
+        assert len(left) >= m and len(group) - len(left) <= n - m
         for i in group:
+            if i.score is not None:
+                assert i.p == pytest.approx(m / n)               # p' = s + (1 - s) * 0
             if i.floor:
                 floors += 1
                 assert not i.pruned and i.reason is not Reason.ARROL_PRUNED
-                assert i.p == pytest.approx(0.1)
     assert floors > 0
     pruned_alone = [i for g in _records(alone) for i in g if i.reason is Reason.ARROL_PRUNED]
     scored_alone = [i for g in _records(alone) for i in g if i.score is not None]
-    assert len(pruned_alone) > 0.6 * len(scored_alone)        # no floor without DARTS
+    assert len(pruned_alone) == len(scored_alone) > 0          # p = 0: no floor without DARTS
     assert not any(i.floor for g in _records(alone) for i in g)
 
 

@@ -83,13 +83,24 @@ def test_duet_and_darts_in_one_request(rl_llm, prompts):
     sp = SamplingParams(n=8, temperature=1.0, max_tokens=256, seed=4, extra_args=rl_params(
         group={"size": 3}, darts={"mode": "shortest"},
         duet={"k1": 0, "k2": 30, "grace": 10, "eps": 0.3, "pattern": "NEVER"}))
+    tail = 0
     for out in rl_llm.generate(prompts[20:28], sp, use_tqdm=False):
         infos = [c.rollout_info for c in out.outputs]
-        valid = [i for i in infos if i.valid]
+        valid = [i for i in infos if i.valid and not i.eps_kept]
+        in_m = [i for i in infos if i.selected and not i.eps_kept]
         if any(i.reason is Reason.DARTS_CANCELLED for i in infos):
-            assert len(valid) >= 3 and sum(bool(i.selected) for i in infos) == 3
+            assert len(valid) >= 3 and len(in_m) == 3
             assert shortest_violations(infos, 3) == []
         assert all(i.length <= 40 for i in infos if i.reason is Reason.DUET_ABORTED)
         assert all(not i.selected for i in infos
                    if i.reason in (Reason.DUET_ABORTED, Reason.DARTS_CANCELLED))
-        assert sum(bool(i.selected) for i in infos) <= 3
+        assert len(in_m) <= 3
+        # the composition rule: DUET's coin keeps its eps inside the group, and a sample
+        # it kept is never cancelled, always selected, with weight 1/eps (Eq. 6)
+        for i in infos:
+            if i.eps_kept:
+                tail += 1
+                assert i.reason is not Reason.DARTS_CANCELLED and i.length > 40
+                assert i.selected and i.selection == "eps_kept"
+                assert i.keep_prob == 0.3 and i.weight == pytest.approx(1 / 0.3)
+    assert tail > 0

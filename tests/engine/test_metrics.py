@@ -94,6 +94,20 @@ def test_observe_output_counts_records_and_flagged_samples_without_one():
     assert got['vllm_rl:tokens_saved_estimated_total{reason="darts_cancelled"}'] == 60
 
 
+def test_head_auc_gauge_shows_the_last_calibrated_record():
+    from vllm.v1.engine import FinishReason
+
+    flagged = SimpleNamespace(max_tokens_param=100, vllm_rl_flagged=True,
+                              detokenizer=SimpleNamespace(num_output_tokens=lambda: 7))
+    assert "vllm_rl:arrol_head_auc" in rlm.snapshot()            # registered with the rest
+    for auc in (0.71, 0.83):
+        info = RolloutInfo(Reason.EOS, 40, 1.0, score=0.6, q=0.5, p=0.5, head_version=3,
+                           head_auc=auc)
+        rlm.observe_output(flagged, FinishReason.STOP, info.encode())
+        assert rlm.snapshot()["vllm_rl:arrol_head_auc"] == auc
+    assert RolloutInfo.decode(info.encode()).head_auc == 0.83
+
+
 def test_parse_and_total_read_a_metrics_page():
     page = ("# TYPE vllm:num_requests_running gauge\n"
             'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'

@@ -91,7 +91,7 @@ def test_buffer_counts_prior_and_fifo_window():
     assert buf.smoothed_prior(2.0) == pytest.approx((3 + 2) / (4 + 4))
     buf.add([0.0, 1.0], [True, False])                                 # 0.3, 0.6 fall out
     assert buf.counts() == ((1, 0, 0, 1), (0, 0, 0, 2))
-    assert [s for s, _ in buf.items] == [0.9, 0.95, 0.0, 1.0]
+    assert [s for s, _, _ in buf.items] == [0.9, 0.95, 0.0, 1.0]
     assert ctl.CalibrationBuffer(bins=4).prior == 0.5                  # empty: (0+1)/(0+2)
     for scores, labels, what in (([0.5], [0.5], "labels"), ([float("nan")], [1], "scores"),
                                  ([0.5, 0.6], [1], "labels")):
@@ -150,6 +150,32 @@ def test_calibration_end_to_end():
     assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
     empty = ctl.CalibrationBuffer().calibration()
     assert empty.delta == 0.0 and empty.prior == 0.5 and posterior(empty, 0.3) == 0.5
+
+
+def test_weighted_counts_stand_for_what_the_coins_removed():
+    """A survivor of a coin with propensity p counts 1/p in Eq. 1's counts, the prior and
+    δ's mean: a buffer of survivors then calibrates like the full population it stands
+    for (here every negative was kept with p = 1/4, each counting 4)."""
+    rng = np.random.default_rng(2)
+    s = rng.uniform(0, 1, 8000)
+    y = (rng.uniform(0, 1, 8000) < s).astype(int)
+    full = ctl.CalibrationBuffer(window=8000)
+    full.add(s.tolist(), y.tolist())
+    kept = (y == 1) | (rng.uniform(0, 1, 8000) < 0.25)
+    ipw = ctl.CalibrationBuffer(window=8000)
+    ipw.add(s[kept].tolist(), y[kept].tolist(), np.where(y[kept] == 1, 1.0, 4.0).tolist())
+    plain = ctl.CalibrationBuffer(window=8000)
+    plain.add(s[kept].tolist(), y[kept].tolist())
+    assert ipw.prior == pytest.approx(full.prior, abs=0.02)
+    assert plain.prior > full.prior + 0.15
+    a, b, c = (buf.calibration(kappa=0.4) for buf in (full, ipw, plain))
+    assert abs(b.delta - a.delta) < 0.02 < abs(c.delta - a.delta)
+    assert all(isinstance(v, float) for v in b.pos)
+    assert Calibration.from_dict(json.loads(json.dumps(b.to_dict()))) == b
+    with pytest.raises(ValueError, match="weights"):
+        ipw.add([0.5], [1], [0.0])
+    with pytest.raises(ValueError, match="pos"):
+        Calibration([-1.0] + [0.0] * 127, [0] * 128, 1.0, 0.5, 0.0)
 
 
 def test_cold_start():

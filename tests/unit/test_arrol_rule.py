@@ -76,6 +76,30 @@ def test_decide_kept_iff_coin_below_p():
             assert v.pruned is (coin >= p)
 
 
+def test_inside_darts_p_acts_on_the_redundancy():
+    """p' = s + (1 - s) p with s = M/M': its mean over a group whose p has mean κ is
+    κ' = M/M' + κ(1 - M/M') exactly, its range holds κ' whenever [p_min, p_max] holds κ
+    (p_max = 0.9 could not reach κ' = 0.944 by composing κ alone), and without
+    redundancy nothing changes."""
+    assert rule.darts_share(4, 8) == 0.5 and rule.darts_share(4, 4) == 0.0
+    assert rule.composed_survival(0.3, 0.0) == 0.3
+    m, n = 8, 9
+    share = rule.darts_share(m, n)
+    ps = [0.1, 0.2, 0.5, 0.8, 0.9]              # mean 0.5 = κ
+    kappa_prime = rule.composed_kappa(0.5, m, n)
+    assert kappa_prime == pytest.approx(m / n + 0.5 / n)
+    mean = sum(rule.composed_survival(p, share) for p in ps) / len(ps)
+    assert mean == pytest.approx(kappa_prime)
+    assert rule.composed_survival(FLAGS.p_min, share) < kappa_prime
+    assert rule.composed_survival(FLAGS.p_max, share) > kappa_prime > FLAGS.p_max
+    for b in range(4):
+        s = (b + 0.5) / 4
+        alone = rule.decide(s, TINY, FLAGS, 0.5)
+        v = rule.decide(s, TINY, FLAGS, 0.5, share)
+        assert v.p == pytest.approx(share + (1 - share) * alone.p)
+        assert v.pruned is (0.5 >= v.p)
+
+
 def test_coin_is_seeded_and_its_own():
     a = rule.prune_coin(7, [1, 2, 3], "r1")
     assert 0.0 <= a < 1.0
@@ -136,7 +160,7 @@ def test_kept_share_is_binomial_in_p():
 def test_calibration_checks_name_the_field():
     good = dict(pos=[0] * 4, neg=[0] * 4, alpha=1.0, prior=0.5, delta=0.0, bins=4)
     for key, bad in (("alpha", 0.0), ("alpha", float("inf")), ("prior", 1.0),
-                     ("prior", 0.0), ("pos", [0] * 3), ("pos", [0.5] * 4), ("neg", [-1] * 4),
+                     ("prior", 0.0), ("pos", [0] * 3), ("pos", [float("nan")] * 4), ("neg", [-1] * 4),
                      ("neg", "abcd"), ("delta", float("nan")), ("bins", 0), ("bins", 2.0),
                      ("alpha", True)):
         with pytest.raises(ValueError, match=f"Calibration.{key}"):
@@ -150,7 +174,12 @@ def test_calibration_checks_name_the_field():
     with pytest.raises(ValueError, match="mapping"):
         rule.Calibration.from_dict([1, 2])
     cal = rule.Calibration.from_dict(good)
-    assert cal.pos == (0,) * 4 and isinstance(cal.pos, tuple)
+    assert cal.pos == (0,) * 4 and isinstance(cal.pos, tuple) and cal.auc is None
+    with_auc = rule.Calibration.from_dict({**good, "auc": 0.72})
+    assert with_auc.auc == 0.72 and with_auc.to_dict()["auc"] == 0.72
+    assert rule.Calibration.from_dict(json.loads(json.dumps(with_auc.to_dict()))) == with_auc
+    with pytest.raises(ValueError, match="Calibration.auc"):
+        rule.Calibration.from_dict({**good, "auc": 1.5})
     assert rule.Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
     assert rule.Calibration.from_dict(TINY.to_dict()).table == TINY.table
     full = rule.Calibration.from_dict({**good, "pos": [0] * 128, "neg": [0] * 128,

@@ -136,7 +136,8 @@ def test_hidden_store_put_and_take_from_two_threads():
 
 
 def test_verdict_layout_is_the_interface():
-    assert ArrolVerdict._fields == ("score", "q", "p", "pruned", "version", "hidden", "trace")
+    assert ArrolVerdict._fields == ("score", "q", "p", "pruned", "version", "hidden", "trace",
+                                   "auc")
 
 
 # ---------------------------------------------------------------- a step on fake objects

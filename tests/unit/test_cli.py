@@ -30,12 +30,14 @@ def test_unknown_subcommand_fails_with_the_list(capsys):
 
 @pytest.mark.parametrize("name,words", [
     ("serve", ("--das", "--das-budget", "--arrol", "--stock", "--help=all", "/vllm_rl/das")),
-    ("bench", ("step", "train", "das", "das-batch", "arrol", "overhead", "--help")),
+    ("bench", ("step", "train", "das", "das-batch", "arrol", "arrol-gate", "overhead",
+               "--help")),
     ("bench step", ("--prompts", "--max-tokens", "--configs", "--gpu-limits", "--cost", "--out")),
     ("bench train", ("--seeds", "--steps", "--eval-prompts", "--quick", "--workers")),
     ("bench das", ("--epochs", "--configs")),
     ("bench das-batch", ("--sizes", "--repeats")),
     ("bench arrol", ("--l-detect", "--head-inputs")),
+    ("bench arrol-gate", ("--prompts", "--n", "--draws")),
     ("bench overhead", ("--repeats", "--profile", "--mode", "--live", "--workloads",
                         "--min-tokens", "--live-floor")),
     ("serve-bench", ("--base-url", "--group-as", "--techniques", "--concurrency",

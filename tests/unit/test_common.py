@@ -119,33 +119,52 @@ def _scored(reason, trace, label_positive, version=1, **kw):
                  trace=list(trace), **kw), (1.0 if label_positive else 0.0)
 
 
-def test_feedback_labels_only_natural_ends_and_gates_on_heldout_auc():
-    """Pruned, cancelled and aborted samples never become labels; the gate opens only
-    after the cold start and once the engine's own (held-out) scores rank >= auc_gate."""
+def test_feedback_labels_what_each_sample_earned_and_gates_on_heldout_auc():
+    """Samples a coin removed (pruned, aborted) never become labels; a DARTS-cancelled one
+    is labelled by the reward it earned; the gate opens only after the cold start and
+    once the engine's own (held-out) scores rank >= auc_gate within groups; the
+    calibration holds only those out-of-sample scores."""
     fb = ArrolFeedback({"l_detect": 8}, inputs="trace", hidden_size=8, cold_start_steps=2,
                        gate_min=16, epochs=5)
     g = torch.Generator().manual_seed(1)
     opened = []
     for step in range(4):
-        infos, rewards = [], []
-        for _ in range(24):
+        infos, rewards, groups = [], [], []
+        for k in range(24):
             x = float(torch.randn(1, generator=g))
             info, r = _scored(R.EOS, (x, x - 1, 1.0), x > 0, version=step)
             infos.append(info)
             rewards.append(r)
+            groups.append(k // 8)
         for reason in (R.ARROL_PRUNED, R.DARTS_CANCELLED, R.DUET_ABORTED):
-            info, r = _scored(reason, (5.0, 4.0, 1.0), False, version=step)
+            info, r = _scored(reason, (-5.0, -6.0, 1.0), False, version=step)
             infos.append(info)
             rewards.append(r)
-        update = fb.observe(infos, rewards)
+            groups.append(0)
+        update = fb.observe(infos, rewards, groups)
         assert update["head"]["features"] and update["version"] == step + 1
         opened.append(not update["cold_start"])
-        assert fb.metrics["arrol/labels"] == 24                  # the 3 cut-short: no labels
-    assert len(fb.buffer) == 96
+        assert fb.metrics["arrol/labels"] == 25                  # 24 ends and the cancelled
+    assert len(fb.buffer) == 100
     # steps 1-2 run cold (the update after step 1 keeps step 2 cold), the update after
     # step 2 lets step 3 prune: the head version 1's scores of step 2 rank well
     assert opened == [False, True, True, True]
     assert fb.metrics["arrol/heldout_auc"] > 0.9
+    assert fb.metrics["arrol/calibration_samples"] == 75         # head versions 1-3 only
+
+
+def test_within_group_auc_ignores_ranking_across_prompts():
+    """A score that only tells an easy prompt from a hard one ranks perfectly across
+    prompts and not at all within them: the gate's AUC sees the latter."""
+    from vllm_rl.arrol.measures import grouped_auc
+
+    scores = [0.9, 0.9, 0.9, 0.9, 0.1, 0.1, 0.1, 0.1]          # prompt a, then prompt b
+    labels = [1, 1, 1, 0, 0, 0, 0, 1]
+    groups = ["a"] * 4 + ["b"] * 4
+    assert weighted_auc(scores, labels, [1] * 8) > 0.7
+    assert grouped_auc(scores, labels, [1] * 8, groups) == 0.5
+    assert grouped_auc([0.2, 0.8, 0.3, 0.7], [0, 1, 0, 1], [1, 1, 1, 3], "aabb") == 1.0
+    assert grouped_auc([0.2, 0.8], [1, 1], [1, 1], "aa") is None
 
 
 def test_feedback_gate_stays_shut_for_a_head_that_cannot_rank():

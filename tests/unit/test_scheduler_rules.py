@@ -17,6 +17,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_rl import rl_params
 from vllm_rl.arrol.rule import ArrolVerdict
+from vllm_rl.darts.rule import annotate_group
 from vllm_rl.duet.rule import seeded_coin
 from vllm_rl.bench.overhead_sched import standalone_scheduler
 from vllm_rl.engine.scheduler import RLSyncScheduler
@@ -199,24 +200,59 @@ def test_duet_coin_keeps_with_inverse_weight(sched):
     assert rec.keep_prob == pytest.approx(eps) and rec.weight == pytest.approx(1 / eps)
 
 
-def test_duet_inside_darts_has_no_eps_keep_and_does_not_count(sched):
-    """Composition rule: inside a DARTS group the gate is a length cap (eps = 0), and an
-    aborted sample is never valid, so it neither stops the group nor is cancelled."""
+def test_duet_abort_inside_darts_does_not_count(sched):
+    """Composition rule: inside a DARTS group the gate keeps its eps; an aborted sample is
+    never valid, so it neither stops the group nor is cancelled."""
     group = darts_group("g", 1, 2)
-    sched.add_request(request("a", darts_group("g", 1, 2, duet={**DUET, "eps": 1.0})))
+    eps = _duet_eps("a", 1, keep=False)
+    sched.add_request(request("a", darts_group("g", 1, 2, duet={**DUET, "eps": eps})))
     sched.add_request(request("b", group))
     for _ in range(5):
         step(sched)
-    out = step(sched)                                    # eps = 1 would keep it outside DARTS
+    out = step(sched)                                    # K2 + G: the coin aborts it
     rec = info(out["a"])
     assert rec.reason is Reason.DUET_ABORTED and rec.weight == 0.0
-    assert rec.keep_prob == 0.0 and rec.group_id == "g"
+    assert rec.keep_prob == pytest.approx(eps) and rec.group_id == "g"
     assert "b" not in out and not sched.rl_groups.groups["g"].stopped
     step(sched)
     out = step(sched, {"b": [EOS]})
     assert info(out["b"]).reason is Reason.EOS and info(out["b"]).finish_rank == 2
     assert not sched.requests and sched.rl_stats["groups_stopped"] == 0
     assert sched.rl_stats["groups_resolved"] == 1
+
+
+def test_duet_eps_kept_inside_darts_is_outside_its_pool(sched):
+    """Composition rule: a sample DUET's coin keeps past the gate stands for the
+    marker-less tail (weight 1/eps): it never counts toward M (ending first, it stops
+    nothing), is never cancelled by the early stop, and is always in the training group."""
+    from conftest import shortest_violations
+
+    eps = {rid: _duet_eps(rid, 1, keep=True) for rid in "ad"}
+    for rid in "abcd":
+        more = {"duet": {**DUET, "eps": eps[rid]}} if rid in eps else {}
+        sched.add_request(request(rid, darts_group("g", 1, 4, **more)))
+    for _ in range(6):                                   # a and d pass the gate, kept
+        assert step(sched) == {}
+    out = step(sched, {"a": [EOS]})                      # a ends first: not DARTS's M
+    rec_a = info(out["a"])
+    assert rec_a.reason is Reason.EOS and rec_a.eps_kept
+    assert rec_a.weight == pytest.approx(1 / eps["a"])
+    assert not sched.rl_groups.groups["g"].stopped and set(out) == {"a"}
+    out = step(sched, {"b": [EOS]})                      # b: the M = 1 shortest valid
+    assert set(out) == {"b", "c"}                        # c cancelled, d runs on
+    rec_b, rec_c = info(out["b"]), info(out["c"])
+    assert rec_c.reason is Reason.DARTS_CANCELLED and "d" in sched.requests
+    assert sched.rl_stats["groups_stopped"] == 1
+    assert step(sched) == {}
+    out = step(sched, {"d": [EOS]})
+    rec_d = info(out["d"])
+    assert rec_d.reason is Reason.EOS and rec_d.length == 10 and rec_d.eps_kept
+    assert rec_d.weight == pytest.approx(1 / eps["d"])
+    assert not sched.requests and len(sched.rl_groups) == 0
+    marked = annotate_group([rec_a, rec_b, rec_c, rec_d], size=1, k=0, early_stop=True)
+    assert [r.selection for r in marked] == ["eps_kept", "shortest", None, "eps_kept"]
+    assert [r.weight for r in marked] == [rec_a.weight, 1.0, 0.0, rec_d.weight]
+    assert shortest_violations(marked, 1) == []
 
 
 def test_duet_eps_one_outside_darts_keeps(sched):
@@ -291,11 +327,15 @@ def test_arrol_never_prunes_a_darts_group_below_m(sched):
     assert info(out["a"]).reason is Reason.ARROL_PRUNED
     assert "b" not in out and sched.rl_members["b"].arrol_floor
     assert sched.rl_stats["arrol_floor"] == 1
+    # c is scored at the floor: kept whatever its coin said, so no coin decided it
+    step(sched, arrol={"c": _verdict(False)})
+    assert sched.rl_members["c"].arrol_floor and sched.rl_stats["arrol_floor"] == 1
     out = step(sched, {"b": [EOS], "c": [EOS]})
     rec = info(out["b"])
     assert rec.reason is Reason.EOS and rec.floor is True and rec.pruned is False
     assert rec.weight == 1.0
-    assert info(out["c"]).reason is Reason.EOS and not sched.requests
+    rec_c = info(out["c"])
+    assert rec_c.reason is Reason.EOS and rec_c.floor is True and not sched.requests
 
 
 # ---------------------------------------------------------------- weight sync

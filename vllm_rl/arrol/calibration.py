@@ -20,9 +20,11 @@ from vllm_rl.arrol.rule import (BINS, Calibration, bin_of, posterior)
 
 
 def solve_delta(qs: Sequence[float], kappa: float, rho: float, lam: float, p_min: float,
-                p_max: float, tol: float = 1e-9) -> float:
+                p_max: float, tol: float = 1e-9,
+                weights: Sequence[float] | None = None) -> float:
     """δ with mean_i clip(κ + δ + λ(ρ − q_i), p_min, p_max) = κ, by bisection (App. A.4:
-    "We solve for δ by binary search such that ... E[p_i] = κ").
+    "We solve for δ by binary search such that ... E[p_i] = κ"); the mean weighted by
+    ``weights`` where given (a coin's survivor stands for 1/p samples).
 
     With a_i = κ + λ(ρ − q_i) the mean keep rate is continuous and non-decreasing in δ,
     from p_min at δ_lo = p_min − max a_i to p_max at δ_hi = p_max − min a_i; bisection on
@@ -45,9 +47,13 @@ def solve_delta(qs: Sequence[float], kappa: float, rho: float, lam: float, p_min
     if not np.isfinite(q).all():
         raise ValueError("qs: allowed finite posteriors only")
     a = kappa + lam * (rho - q)
+    w = np.ones_like(q) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != q.shape or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        raise ValueError("weights: allowed one finite weight >= 0 per posterior, not all 0")
+    w = w / w.sum()
 
     def mean_p(d: float) -> float:
-        return float(np.clip(a + d, p_min, p_max).mean())
+        return float(np.dot(np.clip(a + d, p_min, p_max), w))
 
     lo, hi = p_min - float(a.max()), p_max - float(a.min())
     if mean_p(hi) <= kappa:
@@ -66,12 +72,19 @@ def solve_delta(qs: Sequence[float], kappa: float, rho: float, lam: float, p_min
 class CalibrationBuffer:
     """The sliding buffer of scored rollouts behind the calibration (Sec. 4.2, App. A.4).
 
-    Holds the last ``window`` (score s' in [0, 1], outcome y in {0, 1}) pairs, FIFO
-    (default 2048; the paper does not give the window).  Eq. 1's counts c_b^± are
-    histograms over ``bins`` uniform bins.  The prior π = P(Y = 1) is the buffer's
-    positive share with the same Laplace pseudo-count α as the likelihoods, one per class:
-    π = (N⁺ + α) / (N + 2α), so it is in (0, 1) even for an empty or one-class buffer
-    (:attr:`prior` is the α = 1 value, (N⁺ + 1) / (N + 2)).
+    Holds the last ``window`` (score s' in [0, 1], outcome y in {0, 1}, weight w) triples,
+    FIFO (default 2048; the paper does not give the window).  The scores are meant to be
+    *out of sample*: the ones the engine recorded from the head version that scored each
+    sample, before any head had trained on it (App. A.4 estimates the counts from
+    earlier steps' rollouts; re-scoring the buffer with a head fitted on it would make q
+    over-confident on fresh samples, so E[p] ≠ κ).  The weight is the sample's inverse
+    propensity (1/p for a survivor of ARRoL's coin, 1/eps for one DUET's coin kept:
+    :func:`vllm_rl.arrol.controller.label_weight`), so the survivors stand for the
+    samples the coins removed.  Eq. 1's counts c_b^± are weighted histograms over
+    ``bins`` uniform bins.  The prior π = P(Y = 1) is the buffer's weighted positive
+    share with the same Laplace pseudo-count α as the likelihoods, one per class:
+    π = (W⁺ + α) / (W + 2α), so it is in (0, 1) even for an empty or one-class buffer
+    (:attr:`prior` is the α = 1 value).
     """
 
     def __init__(self, window: int = 2048, bins: int = BINS) -> None:
@@ -81,57 +94,66 @@ class CalibrationBuffer:
             raise ValueError(f"CalibrationBuffer bins={bins!r}: allowed an int >= 1")
         self.bins = int(bins)
         self.window = int(window)
-        self.items: deque[tuple[float, int]] = deque(maxlen=self.window)
+        self.items: deque[tuple[float, int, float]] = deque(maxlen=self.window)
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def add(self, scores: Sequence[float], labels: Sequence[float]) -> None:
+    def add(self, scores: Sequence[float], labels: Sequence[float],
+            weights: Sequence[float] | None = None) -> None:
         """Append scored rollouts (oldest drop out past ``window``).  Scores must be
-        finite (clipped into [0, 1] when binned); labels 0/1 (or False/True)."""
+        finite (clipped into [0, 1] when binned); labels 0/1 (or False/True); weights
+        finite and > 0 (default 1)."""
         scores, labels = list(scores), list(labels)
-        if len(scores) != len(labels):
-            raise ValueError(f"labels: {len(labels)} values for {len(scores)} scores")
+        weights = [1.0] * len(scores) if weights is None else list(weights)
+        if len(scores) != len(labels) or len(scores) != len(weights):
+            raise ValueError(f"labels, weights: {len(labels)}, {len(weights)} values for "
+                             f"{len(scores)} scores")
         new = []
-        for i, (s, y) in enumerate(zip(scores, labels)):
-            s = float(s)
+        for i, (s, y, w) in enumerate(zip(scores, labels, weights)):
+            s, w = float(s), float(w)
             if not math.isfinite(s):
                 raise ValueError(f"scores[{i}]={s!r}: allowed a finite float in [0, 1]")
             if y not in (0, 1):
                 raise ValueError(f"labels[{i}]={y!r}: allowed 0 or 1 (the binary reward)")
-            new.append((s, int(y)))
+            if not (math.isfinite(w) and w > 0):
+                raise ValueError(f"weights[{i}]={w!r}: allowed a finite float > 0")
+            new.append((s, int(y), w))
         self.items.extend(new)
 
-    def counts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Eq. 1: (c^+, c^-), c_b^± = #{k in the buffer: y_k = ±, b(s_k) = b}."""
-        pos, neg = [0] * self.bins, [0] * self.bins
-        for s, y in self.items:
-            (pos if y else neg)[bin_of(s, self.bins)] += 1
+    def counts(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Eq. 1, weighted: c_b^± = Σ {w_k : y_k = ±, b(s_k) = b} over the buffer."""
+        pos, neg = [0.0] * self.bins, [0.0] * self.bins
+        for s, y, w in self.items:
+            (pos if y else neg)[bin_of(s, self.bins)] += w
         return tuple(pos), tuple(neg)
 
     def smoothed_prior(self, alpha: float = 1.0) -> float:
-        """π = (N⁺ + α) / (N + 2α) over the buffer."""
-        n_pos = sum(y for _, y in self.items)
-        return (n_pos + alpha) / (len(self.items) + 2 * alpha)
+        """π = (W⁺ + α) / (W + 2α) over the buffer (W: summed weights)."""
+        w_pos = sum(w for _, y, w in self.items if y)
+        return (w_pos + alpha) / (sum(w for _, _, w in self.items) + 2 * alpha)
 
     @property
     def prior(self) -> float:
-        """π with α = 1: (N⁺ + 1) / (N + 2)."""
+        """π with α = 1: (W⁺ + 1) / (W + 2)."""
         return self.smoothed_prior(1.0)
 
     def calibration(self, kappa: float = 0.5, rho: float = 0.5, lam: float = 0.5,
-                    p_min: float = 0.1, p_max: float = 0.9, alpha: float = 1.0) -> Calibration:
-        """The ``h_t`` of Alg. 1 l.3: Eq. 1's counts, π (:meth:`smoothed_prior` with the
-        same ``alpha``), and δ = :func:`solve_delta` over the posteriors of the buffer's
-        own scores, so the expected keep rate over the buffer distribution is κ (App. A.4).
-        The requests' ``arrol`` flags must carry the same κ, ρ, λ, p_min, p_max.  An empty
-        buffer gives δ = 0 and π = 1/2 (every q = 1/2)."""
+                    p_min: float = 0.1, p_max: float = 0.9, alpha: float = 1.0,
+                    auc: float | None = None) -> Calibration:
+        """The ``h_t`` of Alg. 1 l.3: Eq. 1's weighted counts, π (:meth:`smoothed_prior`
+        with the same ``alpha``), and δ = :func:`solve_delta` over the posteriors of the
+        buffer's scores, weighted, so the expected keep rate over the distribution the
+        buffer stands for is κ (App. A.4).  The requests' ``arrol`` flags must carry the
+        same κ, ρ, λ, p_min, p_max.  An empty buffer gives δ = 0 and π = 1/2 (every
+        q = 1/2).  ``auc``: the head's held-out AUC the records will carry."""
         pos, neg = self.counts()
         prior = self.smoothed_prior(alpha)
         base = Calibration(pos, neg, alpha, prior, 0.0, self.bins)
-        qs = [posterior(base, s) for s, _ in self.items]
-        delta = solve_delta(qs, kappa, rho, lam, p_min, p_max)
-        return Calibration(pos, neg, alpha, prior, delta, self.bins)
+        qs = [posterior(base, s) for s, _, _ in self.items]
+        delta = solve_delta(qs, kappa, rho, lam, p_min, p_max,
+                            weights=[w for _, _, w in self.items] if qs else None)
+        return Calibration(pos, neg, alpha, prior, delta, self.bins, auc)
 
 
 class ColdStart:

@@ -5,25 +5,39 @@ ARRoL Alg. 1 l.3-8 with the pieces of :mod:`vllm_rl.arrol.head`.  After each ste
 keywords of the engine's ``arrol_update`` (``vllm_rl.LLM.arrol_update``, the server
 route, ``RLHttpServer.arrol_update``):
 
-1. **Labels only from samples that ran to their end** (Alg. 1 l.3-8 labels each rollout
-   by its final reward): ended by the model (EOS, a stop, ``max_tokens``) or at its
-   answer marker (DUET trim).  A sample the head pruned, DARTS cancelled or DUET aborted
-   has no final reward and never becomes a label (its partial text would label it 0, and
-   the head would learn its own decisions).  Label y = reward > 0.  A label whose
-   observation depended on a coin carries its inverse propensity as a training weight
-   (1/p for a survivor of ARRoL's coin, 1/eps for a sample kept at DUET's gate; capped).
+1. **Every scored sample is represented** (Alg. 1 l.3-8 labels each rollout by its
+   final reward; label y = reward > 0):
+   - ended by the model (EOS, a stop, ``max_tokens``) or at its answer marker (DUET
+     trim): labelled by its reward;
+   - cancelled by a DARTS early stop: labelled by the reward of what it produced (0 for
+     a sample with no answer).  That is the outcome it really earned where ARRoL steers:
+     inside a DARTS group the balance Eq. 2 aims at is that of the training group, and a
+     cancelled sample is in it with no answer.  DARTS decided it by its siblings'
+     lengths, not by the head, so the head does not learn its own decisions;
+   - removed by a coin (pruned by ARRoL's, aborted by DUET's): no label (its partial text
+     would label it 0, and the head would learn its own decisions); the coin's survivors
+     stand for it with their inverse propensity as weight (1/p for a survivor of ARRoL's
+     coin, 1/eps for one DUET's coin kept past the gate; 1 where no coin decided, at a
+     DARTS floor; capped).
 2. **The head is fitted over the buffer** (the last ``window`` labels), ``epochs`` passes
    of Adam each step from the previous weights (Sec. 4.3 (iii): cross-entropy on
    detached states), not one step per RL step.
-3. **Calibration** (App. A.4): the buffer re-scored by the new head gives Eq. 1's counts,
-   π and δ (E[p] = κ).
+3. **Calibration** (App. A.4), out of sample: Eq. 1's counts, π and δ (E[p] = κ) from
+   the scores the engine recorded, each from the head version that scored the sample
+   before any head had trained on it (``head_version >= 1``: a trained head), weighted
+   by the same inverse propensities (:class:`~vllm_rl.arrol.calibration.CalibrationBuffer`).
+   Re-scoring the buffer with the head just fitted on it would make q over-confident on
+   fresh samples, and E[p] ≠ κ.
 4. **The pruning gate**: the engine prunes only after the cold start (Sec. 5: 20 steps;
-   Table 7) *and* once the head has shown it can rank: its held-out AUC ≥ ``auc_gate``
-   (0.65 by default; ``auc_gate=None``: the cold start alone, as in the paper).  Held out
-   means prequential: each record's score came from the head
-   the engine had when the sample ran, trained only on earlier steps, so the AUC of those
-   scores against the new labels (inverse-propensity weighted, over the last
-   ``gate_window`` labels) is an out-of-sample measure of the head the engine is
+   Table 7) *and* once the head has shown it can rank *within a group*: its held-out
+   within-group AUC (:func:`~vllm_rl.arrol.measures.grouped_auc`: pairs of samples of the
+   same prompt only, as Eq. 2 steers within a group; pooled across prompts, an AUC also
+   credits telling easy prompts from hard ones) ≥ ``auc_gate`` (:data:`AUC_GATE` by
+   default, measured: ``vllm-rl bench arrol-gate``; ``auc_gate=None``: the cold start
+   alone, as in the paper).  Held out means prequential: each record's score came from
+   the head the engine had when the sample ran, trained only on earlier steps, so the
+   AUC of those scores against the new labels (inverse-propensity weighted, over the
+   last ``gate_window`` labels) is an out-of-sample measure of the head the engine is
    actually using.  While the gate is shut the update says ``cold_start=True``: the
    engine scores and records, never prunes.
 
@@ -51,12 +65,14 @@ import torch
 
 from vllm_rl.arrol.calibration import CalibrationBuffer, ColdStart
 from vllm_rl.arrol.head import HEAD_INPUTS, HeadTrainer, QualityHead
-from vllm_rl.arrol.measures import weighted_auc
+from vllm_rl.arrol.measures import grouped_auc, weighted_auc
 from vllm_rl.flags import KEY, read
 from vllm_rl.outcome import Reason, RolloutInfo
 
 CALIBRATION_FLAGS = ("kappa", "rho", "lam", "p_min", "p_max")
-LABELLED = (Reason.EOS, Reason.STOP, Reason.LENGTH, Reason.DUET_TRIMMED)
+LABELLED = (Reason.EOS, Reason.STOP, Reason.LENGTH, Reason.DUET_TRIMMED,
+            Reason.DARTS_CANCELLED)
+AUC_GATE = 0.65
 
 
 def label_weight(info: RolloutInfo, max_weight: float) -> float:
@@ -77,7 +93,7 @@ class ArrolFeedback:
 
     def __init__(self, arrol_flags: dict[str, Any] | None = None, *, inputs: str = "both",
                  hidden_size: int | None = None, width: int = 128,
-                 cold_start_steps: int = 20, auc_gate: float | None = 0.65,
+                 cold_start_steps: int = 20, auc_gate: float | None = AUC_GATE,
                  gate_window: int = 256,
                  gate_min: int = 64, window: int = 2048, epochs: int = 20, lr: float = 1e-3,
                  weight_decay: float = 1e-2, max_weight: float = 20.0, seed: int = 0) -> None:
@@ -94,7 +110,8 @@ class ArrolFeedback:
         self.cold = ColdStart(cold_start_steps)
         self.calibration = CalibrationBuffer(window=window)
         self.buffer: deque = deque(maxlen=window)         # (hidden, trace, label, weight)
-        self.heldout: deque = deque(maxlen=gate_window)   # (engine score, label, weight)
+        self.heldout: deque = deque(maxlen=gate_window)   # (engine score, label, weight,
+                                                          #  group: (update, group id))
         self.head: QualityHead | None = None
         self.trainer: HeadTrainer | None = None
         self.version = 0
@@ -104,10 +121,10 @@ class ArrolFeedback:
                                                           # state was named, not taken
 
     # ------------------------------------------------------------------ labels
-    def _rows(self, infos, rewards):
+    def _rows(self, infos, rewards, groups):
         uses_hidden = self.inputs != "trace"
         self._missing = 0
-        for info, r in zip(infos, rewards):
+        for info, r, g in zip(infos, rewards, groups):
             if info is None or info.reason not in LABELLED or info.score is None:
                 continue
             if uses_hidden and info.hidden_state() is None:
@@ -115,34 +132,44 @@ class ArrolFeedback:
                 continue
             if info.trace is None:
                 continue
-            yield info, (1 if float(r) > 0 else 0), label_weight(info, self.max_weight)
+            yield info, (1 if float(r) > 0 else 0), label_weight(info, self.max_weight), g
 
-    def observe(self, infos: Sequence[RolloutInfo | None],
-                rewards: Sequence[float]) -> dict[str, Any] | None:
+    def observe(self, infos: Sequence[RolloutInfo | None], rewards: Sequence[float],
+                groups: Sequence[Any] | None = None) -> dict[str, Any] | None:
         """One step's records and rewards → ``arrol_update`` keywords (or None when no
-        sample could be labelled yet)."""
+        sample could be labelled yet).  ``groups``: each sample's prompt (any hashable;
+        default the record's ``group_id``), for the within-group AUC of the gate; samples
+        with neither count as one group (the step's: the AUC is then pooled)."""
         self.cold.tick()
-        rows = list(self._rows(infos, rewards))
-        for info, y, w in rows:
+        if groups is None:
+            groups = [i.group_id if i is not None else None for i in infos]
+        rows = list(self._rows(infos, rewards, groups))
+        for info, y, w, g in rows:
             if info.head_version is not None and info.head_version >= 1:
-                self.heldout.append((float(info.score), y, w))   # scored by a trained head
+                # scored by a trained head, before any head trained on it: out of sample
+                self.heldout.append((float(info.score), y, w, (self.version, g)))
+                self.calibration.add([info.score], [y], [w])
             hidden = info.hidden_state() if self.inputs != "trace" else None
             self.buffer.append((hidden, tuple(info.trace), y, w))
         if not self.buffer:
             return None
         self._fit()
-        heldout = self._heldout_auc()
+        heldout, pooled = self._heldout_auc()
         cold = self.cold.active
         ranks = self.auc_gate is None or (heldout is not None and heldout >= self.auc_gate)
         self.gate_open = not cold and ranks
         calibration = None
         if self.gate_open:
-            calibration = self.calibration.calibration(**self.calibration_flags)
+            calibration = self.calibration.calibration(**self.calibration_flags,
+                                                       auc=heldout)
         self.version += 1
         labels = [y for _, _, y, _ in self.buffer]
         self.metrics = {"arrol/labels": float(len(rows)), "arrol/buffer": float(len(labels)),
                         "arrol/hidden_missing": float(self._missing),
                         "arrol/heldout_auc": heldout if heldout is not None else float("nan"),
+                        "arrol/heldout_auc_pooled": pooled if pooled is not None
+                        else float("nan"),
+                        "arrol/calibration_samples": float(len(self.calibration)),
                         "arrol/gate_open": float(self.gate_open),
                         "arrol/cold_start": float(cold),
                         "arrol/positive_share": sum(labels) / len(labels)}
@@ -178,17 +205,15 @@ class ArrolFeedback:
         features = trace if self.head.features else None
         self.trainer.fit(hidden, labels, epochs=self.epochs, batch_size=128, generator=gen,
                          features=features, weights=weights)
-        scores = self.head.score(hidden, features).tolist()
-        self.calibration.items.clear()
-        self.calibration.add(scores, [int(y) for y in labels.tolist()])
 
-    def _heldout_auc(self) -> float | None:
+    def _heldout_auc(self) -> tuple[float | None, float | None]:
+        """The held-out AUC within groups (the gate's) and pooled across them."""
         if len(self.heldout) < self.gate_min:
-            return None
-        s, y, w = zip(*self.heldout)
+            return None, None
+        s, y, w, g = zip(*self.heldout)
         if sum(y) == 0 or sum(y) == len(y):
-            return None
-        return weighted_auc(s, y, w)
+            return None, None
+        return grouped_auc(s, y, w, g), weighted_auc(s, y, w)
 
 
-__all__ = ["ArrolFeedback", "label_weight", "LABELLED"]
+__all__ = ["AUC_GATE", "ArrolFeedback", "label_weight", "LABELLED"]

@@ -1,6 +1,7 @@
 """How well a score ranks outcomes, and ARRoL's test-time voting (Sec. 4.4, Fig. 2).
 
-:func:`spearman`, :func:`auc` and :func:`weighted_auc` against correctness;
+:func:`spearman`, :func:`auc`, :func:`weighted_auc` and :func:`grouped_auc` (within
+prompts) against correctness;
 :func:`trace_confidence` (the DeepConf-style baseline of Fig. 2); :func:`rank_weights` /
 :func:`weighted_vote` (Sec. 4.4).
 """
@@ -127,5 +128,30 @@ def weighted_auc(scores: Sequence[float], labels: Sequence[int],
     return float(total / (wp * wn))
 
 
-__all__ = ["auc", "rank_weights", "spearman", "trace_confidence", "weighted_auc",
-           "weighted_vote"]
+def grouped_auc(scores: Sequence[float], labels: Sequence[int], weights: Sequence[float],
+                groups: Sequence[Hashable]) -> float | None:
+    """The within-group AUC: P(score of a positive > score of a negative) over the pairs
+    of the *same* group (prompt) only, each pair weighted by the product of its weights
+    (ties count 1/2), pooled over groups by their pairs' weight.  Eq. 2 steers within a
+    group, so this is the ranking it needs; an AUC over pairs across prompts also credits
+    a head that only tells easy prompts from hard ones.  None when no group has both
+    outcomes."""
+    by: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(groups):
+        by.setdefault(g, []).append(i)
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    w = np.asarray(weights, dtype=np.float64)
+    num = den = 0.0
+    for idx in by.values():
+        i = np.asarray(idx)
+        wp, wn = w[i][y[i]].sum(), w[i][~y[i]].sum()
+        if wp <= 0 or wn <= 0:
+            continue
+        num += weighted_auc(s[i], y[i], w[i]) * wp * wn
+        den += wp * wn
+    return num / den if den > 0 else None
+
+
+__all__ = ["auc", "grouped_auc", "rank_weights", "spearman", "trace_confidence",
+           "weighted_auc", "weighted_vote"]

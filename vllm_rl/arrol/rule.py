@@ -32,7 +32,7 @@ from vllm_rl.coins import seeded_uniform
 BINS = 128      # B of App. A.4 ("In practice, we use λ = 0.5, B = 128")
 
 _REQUIRED = ("pos", "neg", "alpha", "prior", "delta")
-_KEYS = (*_REQUIRED, "bins")
+_KEYS = (*_REQUIRED, "bins", "auc")
 
 
 def _is_int(v: Any) -> bool:
@@ -47,19 +47,24 @@ def _is_real(v: Any) -> bool:
 class Calibration:
     """The binned estimator the trainer sends with the requests (Alg. 1 l.3, ``h_t``).
 
-    ``pos`` / ``neg``: Eq. 1's counts c_b^+ / c_b^- over ``bins`` bins (ints >= 0);
+    ``pos`` / ``neg``: Eq. 1's counts c_b^+ / c_b^- over ``bins`` bins, finite reals >= 0
+    (inverse-propensity weighted counts: a survivor of a coin stands for the samples the
+    coin removed; plain counts are ints, still accepted);
     ``alpha``: the Laplace α (> 0); ``prior``: π = P(Y = 1) in (0, 1); ``delta``: the δ of
-    Eq. 2 (finite; the trainer solves it so that E[p] = κ).  A bad field raises
+    Eq. 2 (finite; the trainer solves it so that E[p] = κ); ``auc``: the head's held-out
+    within-group AUC that opened the pruning gate (optional, in [0, 1]; every record
+    scored with this calibration carries it as ``head_auc``).  A bad field raises
     ``ValueError`` naming it and what is allowed.  The likelihoods and the posterior of
     every bin are computed once here, so :func:`posterior` is O(1).
     """
 
-    pos: tuple[int, ...]
-    neg: tuple[int, ...]
+    pos: tuple[float, ...]
+    neg: tuple[float, ...]
     alpha: float
     prior: float
     delta: float
     bins: int = BINS
+    auc: float | None = None
     table: tuple[float, ...] = field(init=False, compare=False, repr=False)
     lik_pos: tuple[float, ...] = field(init=False, compare=False, repr=False)
     lik_neg: tuple[float, ...] = field(init=False, compare=False, repr=False)
@@ -70,16 +75,21 @@ class Calibration:
         for name in ("pos", "neg"):
             v = getattr(self, name)
             if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") \
-                    or len(v) != self.bins or not all(_is_int(c) and c >= 0 for c in v):
-                raise ValueError(f"Calibration.{name}: allowed {self.bins} (bins) ints >= 0, "
-                                 f"got {v!r}"[:200])
-            object.__setattr__(self, name, tuple(int(c) for c in v))
+                    or len(v) != self.bins or not all(_is_real(c) and c >= 0 for c in v):
+                raise ValueError(f"Calibration.{name}: allowed {self.bins} (bins) finite "
+                                 f"reals >= 0 (weighted counts), got {v!r}"[:200])
+            object.__setattr__(self, name, tuple(c if _is_int(c) else float(c) for c in v))
         if not _is_real(self.alpha) or self.alpha <= 0:
             raise ValueError(f"Calibration.alpha={self.alpha!r}: allowed a finite float > 0")
         if not _is_real(self.prior) or not 0 < self.prior < 1:
             raise ValueError(f"Calibration.prior={self.prior!r}: allowed a float in (0, 1)")
         if not _is_real(self.delta):
             raise ValueError(f"Calibration.delta={self.delta!r}: allowed a finite float")
+        if self.auc is not None:
+            if not _is_real(self.auc) or not 0.0 <= self.auc <= 1.0:
+                raise ValueError(f"Calibration.auc={self.auc!r}: allowed a float in [0, 1] "
+                                 "or None")
+            object.__setattr__(self, "auc", float(self.auc))
         for name in ("alpha", "prior", "delta"):
             object.__setattr__(self, name, float(getattr(self, name)))
         a, b, pi = self.alpha, self.bins, self.prior
@@ -92,14 +102,19 @@ class Calibration:
         object.__setattr__(self, "table", q)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able: ``{"pos": [...], "neg": [...], "alpha", "prior", "delta", "bins"}``."""
-        return {"pos": list(self.pos), "neg": list(self.neg), "alpha": self.alpha,
-                "prior": self.prior, "delta": self.delta, "bins": self.bins}
+        """JSON-able: ``{"pos": [...], "neg": [...], "alpha", "prior", "delta", "bins"}``
+        and ``"auc"`` where set."""
+        d = {"pos": list(self.pos), "neg": list(self.neg), "alpha": self.alpha,
+             "prior": self.prior, "delta": self.delta, "bins": self.bins}
+        if self.auc is not None:
+            d["auc"] = self.auc
+        return d
 
     @classmethod
     def from_dict(cls, d: Any) -> "Calibration":
         """The inverse of :meth:`to_dict`.  ``pos``, ``neg``, ``alpha``, ``prior`` and
-        ``delta`` are required, ``bins`` defaults to :data:`BINS`; an unknown or missing
+        ``delta`` are required, ``bins`` defaults to :data:`BINS`, ``auc`` to None; an
+        unknown or missing
         key raises ``ValueError`` naming it."""
         if not isinstance(d, dict):
             raise ValueError(f"calibration: a mapping with keys {list(_KEYS)}, got "
@@ -108,9 +123,10 @@ class Calibration:
         missing = [k for k in _REQUIRED if k not in d]
         if unknown or missing:
             raise ValueError(f"calibration: unknown keys {unknown}, missing keys {missing}; "
-                             f"allowed keys {list(_KEYS)} (bins optional, default {BINS})")
+                             f"allowed keys {list(_KEYS)} (bins optional, default {BINS}; "
+                             "auc optional)")
         return cls(d["pos"], d["neg"], d["alpha"], d["prior"], d["delta"],
-                   d.get("bins", BINS))
+                   d.get("bins", BINS), d.get("auc"))
 
 
 # The trace features a head may read beside the hidden state, over a sample's first
@@ -153,16 +169,27 @@ def survival(q: float, delta: float, kappa: float, rho: float, lam: float, p_min
     return min(p_max, max(p_min, kappa + delta + lam * (rho - q)))
 
 
+def darts_share(size: int, redundant: int) -> float:
+    """s = M/M' of a DARTS group of M = ``size`` kept out of M' = ``redundant`` (0 without
+    redundancy: ARRoL acts as alone)."""
+    return size / redundant if redundant > size else 0.0
+
+
+def composed_survival(p: float, share: float) -> float:
+    """ARRoL's survival inside a DARTS group (the composition rule,
+    ``docs/ARCHITECTURE.md``): DARTS owns the M training slots, so Eq. 2's p acts on the
+    redundant M' − M only, p' = s + (1 − s) p with s = M/M' (:func:`darts_share`).  Then
+    E[p'] = s + (1 − s) E[p] = κ' = M/M' + κ (1 − M/M') exactly where δ gives E[p] = κ,
+    and p' stays inside [s + (1 − s) p_min, s + (1 − s) p_max], a range that holds κ'
+    whenever [p_min, p_max] holds κ: in expectation ARRoL prunes (1 − κ)(M' − M) samples
+    and leaves DARTS M + κ (M' − M) to select from.  ``share`` 0: p unchanged."""
+    return p if share <= 0.0 else share + (1.0 - share) * p
+
+
 def composed_kappa(kappa: float, size: int, redundant: int) -> float:
-    """ARRoL's keep rate inside a DARTS group of M = ``size`` kept out of M' =
-    ``redundant`` (the composition rule, ``docs/ARCHITECTURE.md``): DARTS owns the M
-    training slots, so ARRoL's κ applies to the redundant M' − M only, κ' = M/M' +
-    κ (1 − M/M'): in expectation it prunes (1 − κ)(M' − M) samples and leaves DARTS
-    M + κ (M' − M) to select from.  Without redundancy (M' = M) κ is unchanged."""
-    if redundant <= size:
-        return kappa
-    share = size / redundant
-    return share + kappa * (1.0 - share)
+    """κ' = M/M' + κ (1 − M/M'): the mean of :func:`composed_survival` over a group whose
+    Eq. 2 p has mean κ (without redundancy, M' = M, κ unchanged)."""
+    return composed_survival(kappa, darts_share(size, redundant))
 
 
 def prune_coin(seed: int | None, prompt_token_ids, request_id: str) -> float:
@@ -194,6 +221,7 @@ class ArrolVerdict(NamedTuple):
                                         # kept on the worker under its request id
                                         # (vllm_rl.arrol.hidden; the arrol_hidden RPC)
     trace: tuple[float, ...] | None     # TRACE_FEATURES over the first l_detect tokens
+    auc: float | None = None            # the calibration's head AUC (Calibration.auc)
 
 
 @dataclass(frozen=True)
@@ -207,22 +235,26 @@ class Verdict:
     pruned: bool
 
 
-def decide(score: float, cal: Calibration | None, flags: Any, coin: float) -> Verdict:
+def decide(score: float, cal: Calibration | None, flags: Any, coin: float,
+           share: float = 0.0) -> Verdict:
     """Alg. 1 l.17-21 for a sample at its first time at ``l_detect``.
 
     ``flags`` has ``kappa, rho, lam, p_min, p_max`` (:class:`vllm_rl.flags.ArrolFlags`).
     ``cal`` None is the cold start: scored and recorded, never pruned (q = p = None).
-    Otherwise q = :func:`posterior` (App. A.4), p = :func:`survival` (Eq. 2), and the
-    sample is kept iff ``coin < p`` (l.19: with ``coin`` ~ U[0, 1) it is kept with
-    probability exactly p and pruned with probability 1 − p).
+    Otherwise q = :func:`posterior` (App. A.4), p = :func:`survival` (Eq. 2), composed
+    with a DARTS group's ``share`` M/M' (:func:`composed_survival`), and the sample is
+    kept iff ``coin < p`` (l.19: with ``coin`` ~ U[0, 1) it is kept with probability
+    exactly p and pruned with probability 1 − p).
     """
     if cal is None:
         return Verdict(score, None, None, False)
     q = posterior(cal, score)
-    p = survival(q, cal.delta, flags.kappa, flags.rho, flags.lam, flags.p_min, flags.p_max)
+    p = composed_survival(survival(q, cal.delta, flags.kappa, flags.rho, flags.lam,
+                                   flags.p_min, flags.p_max), share)
     return Verdict(score, q, p, not coin < p)
 
 
 __all__ = ["BINS", "TRACE_FEATURES", "ArrolVerdict", "Calibration", "Verdict", "bin_of",
            "decide", "likelihoods",
-           "composed_kappa", "posterior", "prune_coin", "survival"]
+           "composed_kappa", "composed_survival", "darts_share", "posterior", "prune_coin",
+           "survival"]

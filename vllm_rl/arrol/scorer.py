@@ -143,21 +143,23 @@ class _Req:
     of the device sums; how many tokens they hold and its ``l_detect`` are the slot's
     entries of ``HeadScorer._n`` / ``_limit`` on the host)."""
 
-    __slots__ = ("rid", "owner", "flags", "slot")
+    __slots__ = ("rid", "owner", "flags", "share", "slot")
 
-    def __init__(self, rid: str, owner: Any, flags: ArrolFlags, slot: int) -> None:
-        self.rid, self.owner, self.flags, self.slot = rid, owner, flags, slot
+    def __init__(self, rid: str, owner: Any, flags: ArrolFlags, share: float,
+                 slot: int) -> None:
+        self.rid, self.owner, self.flags, self.share, self.slot = (
+            rid, owner, flags, share, slot)
 
 
 class _Cand:
     """A row scored this step; ``needs``: 0 for a real token, j > 0 for the j-th draft
     (kept only if accepted); ``hidden``: its row in ``Plan.hidden`` (-1: none)."""
 
-    __slots__ = ("rid", "owner", "flags", "needs", "hidden")
+    __slots__ = ("rid", "owner", "flags", "share", "needs", "hidden")
 
-    def __init__(self, rid, owner, flags, needs, hidden) -> None:
-        self.rid, self.owner, self.flags, self.needs, self.hidden = (
-            rid, owner, flags, needs, hidden)
+    def __init__(self, rid, owner, flags, share, needs, hidden) -> None:
+        self.rid, self.owner, self.flags, self.share, self.needs, self.hidden = (
+            rid, owner, flags, share, needs, hidden)
 
 
 class Plan:
@@ -224,18 +226,20 @@ def scorer_of(runner) -> "HeadScorer | None":
     return runner.vllm_rl_arrol
 
 
-def read_flags(owner: Any, rid: str) -> ArrolFlags | None:
-    """A request's ARRoL flags from the canonical form the front end wrote (in a DARTS
-    group κ applies to the redundant M' − M: :func:`vllm_rl.arrol.rule.composed_kappa`);
-    None without ARRoL, or when the flags do not read (logged once)."""
+def read_flags(owner: Any, rid: str) -> tuple[ArrolFlags, float] | None:
+    """A request's ARRoL flags from the canonical form the front end wrote, and DARTS's
+    share M/M' of its group (0 outside DARTS: Eq. 2's p acts on the redundant M' − M
+    only, :func:`vllm_rl.arrol.rule.composed_survival`); None without ARRoL, or when the
+    flags do not read (logged once)."""
     extra = getattr(getattr(owner, "sampling_params", None), "extra_args", None)
     parsed = read_or_warn(extra, rid, logger) if extra else None
     if parsed is None or parsed.arrol is None:
         return None
-    flags, g = parsed.arrol, parsed.group
+    g = parsed.group
+    share = 0.0
     if parsed.darts is not None and g is not None:
-        flags = replace(flags, kappa=rule.composed_kappa(flags.kappa, g.size, g.redundant))
-    return flags
+        share = rule.darts_share(g.size, g.redundant)
+    return parsed.arrol, share
 
 
 class HeadScorer:
@@ -362,15 +366,16 @@ class HeadScorer:
             rid = new.req_id
             self._drop(rid)
             owner = runner.requests.get(rid)
-            flags = self._flags_of(owner, rid) if owner is not None else None
-            if flags is not None:
-                self._reqs[rid] = _Req(rid, owner, flags, self._slot(flags.l_detect))
+            got = self._flags_of(owner, rid) if owner is not None else None
+            if got is not None:
+                flags, share = got
+                self._reqs[rid] = _Req(rid, owner, flags, share, self._slot(flags.l_detect))
         if len(self._reqs) > 4 * runner.input_batch.num_reqs + 256:
             live = runner.requests
             for rid in [r for r, st in self._reqs.items() if live.get(r) is not st.owner]:
                 self._drop(rid)
 
-    def _flags_of(self, owner: Any, rid: str) -> ArrolFlags | None:
+    def _flags_of(self, owner: Any, rid: str) -> tuple[ArrolFlags, float] | None:
         """:func:`read_flags`, once per ``extra_args`` object (the samples of an ``n > 1``
         request share their parent's); a canonical section without ARRoL is not read."""
         extra = getattr(getattr(owner, "sampling_params", None), "extra_args", None)
@@ -470,7 +475,7 @@ class HeadScorer:
             if st.flags.return_hidden:
                 hidden = len(hrow)
                 hrow.append(int(crow[j]))
-            plan.rows.append(_Cand(st.rid, st.owner, st.flags, needs, hidden))
+            plan.rows.append(_Cand(st.rid, st.owner, st.flags, st.share, needs, hidden))
             if needs and logits is not None and tracked_k[c] >= 0:
                 extra = min(needs, int(plan.t_count[np.searchsorted(plan.t_k, tracked_k[c])]))
                 k0 = int(tracked_k[c])
@@ -652,7 +657,7 @@ class HeadScorer:
             score, *trace = values[j]
             coin = 0.0 if cal is None else rule.prune_coin(
                 c.owner.sampling_params.seed, c.owner.prompt_token_ids, c.rid)
-            v = rule.decide(score, cal, c.flags, coin)
+            v = rule.decide(score, cal, c.flags, coin, c.share)
             kept = c.hidden >= 0
             if kept:
                 self.hidden_store.put(c.rid, plan.hidden[c.hidden].to(torch.float32,
@@ -661,6 +666,7 @@ class HeadScorer:
             self.scored_at_draft += c.needs > 0
             self.pruned_total += bool(v.pruned)
             verdicts[c.rid] = rule.ArrolVerdict(v.score, v.q, v.p, v.pruned, head.version,
-                                                kept, tuple(trace))
+                                                kept, tuple(trace),
+                                                cal.auc if cal is not None else None)
         if verdicts:
             setattr(mro, OUTPUT_ATTR, verdicts)

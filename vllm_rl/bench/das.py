@@ -16,8 +16,8 @@ Configurations: ``stock`` (vLLM's default engine, async scheduling, no speculati
 ``ngram`` (prompt lookup, n-grams of 2..5), ``suffix`` (Arctic Inference's
 SuffixDecoding: a tree per request over its prompt and a global tree over past
 responses; needs ``arctic-inference``, skipped otherwise), ``das-class`` (length-class
-budgets, Sec. 4.2.3), ``das-fixed`` (always 2b: the budget-agnostic ablation of
-Sec. 5.3) and ``das-optimal`` (Eq. 7).  All drafters propose at most 8 tokens.
+budgets, Sec. 4.2.3), ``das-fixed`` (always 2b: a constant budget, not the paper's
+unlimited one of Sec. 5.3) and ``das-optimal`` (Eq. 7).  All drafters propose at most 8 tokens.
 
 Per configuration and epoch: wall time, generated tokens, engine steps (= forward
 passes), forward passes per generated token, and tokens per request-step (the mean

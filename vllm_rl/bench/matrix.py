@@ -9,8 +9,13 @@ One place for the flags of ``stock``, each technique alone and the default combi
   stop where the allocation saturates);
 * ``duet``: DUET's marker gate with the answer marker of the embedded task, ε = 0.05
   (Table 3), G scaled to ``max_tokens`` as App. A.3's 150 of 3,072; K1/K2 the engine's
-  online estimate unless given;
-* ``das``: DAS with the engine's default policy and cap;
+  online estimate unless given.  The gate only: Thm. 1 / Eq. 4's allocation of samples
+  across prompts (:mod:`vllm_rl.duet.allocation`) is not applied, every prompt gets the
+  trainer's M;
+* ``das``: DAS drafting from per-problem suffix trees with the engine's default policy,
+  a constant 2b draft budget per round (``policy="fixed"``, chosen on the H100
+  projection; not Sec. 4.2.3's length classes, ``policy="class"``, nor the paper's
+  "Unlimited budget" baseline), under the engine's cost cap;
 * ``arrol``: ARRoL at ``l_detect`` with ``return_hidden`` (the trainer fits the head);
 * ``das+duet+arrol``: the three per-step techniques in one request (no redundant
   samples);

@@ -204,15 +204,16 @@ def previous_steps(rl, prompts: list[str], args, planner, feedback, plain=None) 
                                      "l_detect": args.l_detect, "return_hidden": True}))
                   for i, p in enumerate(prompts)]
         outs = rl.generate(prompts, params, use_tqdm=False)
-        infos, rewards = [], []
+        infos, rewards, groups = [], [], []
         for prompt, out in zip(prompts, outs):
             planner.observe({prompt: [len(c.token_ids) for c in out.outputs]})
             for c in out.outputs:
                 infos.append(c.rollout_info)
                 rewards.append(reward(prompt, c.text))
+                groups.append(prompt)
                 observations.append((len(c.token_ids), c.rollout_info.reason is Reason.EOS,
                                      1.0))
-        update = feedback.observe(infos, rewards)
+        update = feedback.observe(infos, rewards, groups)
         if update is not None:
             for engine in (rl, plain):
                 if engine is not None:

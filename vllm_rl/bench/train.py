@@ -25,15 +25,23 @@ prompts`` never-trained prompts × ``--eval-samples`` samples at the training te
 every ``--eval-every`` steps, *after* the step's weights are loaded into the engine; the
 same seeded samples for every configuration (common random numbers).
 
-Reported per configuration: final held-out accuracy with a 95% confidence interval over
-seeds (Student t) and its difference from stock paired by seed (same held-out samples),
-the projected rollout time to reach stock's final accuracy (where the seed-mean curve
-first reaches the lower end of stock's final interval, and stock's mean final accuracy,
-interpolated on cumulative projected time), total projected rollout time,
+The headline is the **speed-up at equal accuracy**: for accuracy levels that every
+configuration's seed-mean curve reaches (:func:`levels`: four evenly spaced up to the
+lowest peak, and stock's mean final accuracy), stock's projected rollout time to the
+level over the configuration's, per seed (same seed: same prompts, same held-out
+samples) with a 95% Student-t interval over the seeds where both reach it
+(:func:`speedups`), on the host-counted axis with the GPU-only one beside it.
+
+Also reported per configuration: final held-out accuracy with a 95% confidence interval
+over seeds (Student t) and its difference from stock paired by seed (same held-out
+samples), the projected rollout time to reach stock's final accuracy (where the
+seed-mean curve first reaches the lower end of stock's final interval, and stock's mean
+final accuracy, interpolated on cumulative projected time), total projected rollout time,
 tokens, and the learning-signal diagnostics (samples in the loss per group, zero-advantage
 groups, ESS, 1/eps weight share).  A PNG of held-out accuracy against cumulative projected
-GPU rollout time with seed bands.  Runs go to ``--workers`` processes (one CPU thread
-each); the JSON keeps every step of every run.
+rollout time, host-counted and GPU-only, and against the step, with seed bands.  Runs go
+to ``--workers`` processes (one CPU thread each); the JSON keeps every step of every
+run.
 """
 from __future__ import annotations
 
@@ -323,13 +331,63 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-def curve(run: dict) -> list[tuple[int, float, float]]:
-    """(step, cumulative projected seconds, held-out accuracy), step 0 first."""
+AXES = {"host": "h100_host_s", "gpu": "h100_s"}   # the time axes: host-counted, GPU-only
+LEVELS = 4          # accuracy levels every configuration's seed-mean curve reaches
+
+
+def curve(run: dict, key: str = "h100_s") -> list[tuple[int, float, float]]:
+    """(step, cumulative projected seconds on axis ``key``, held-out accuracy), step 0
+    first."""
     out, total = [(0, 0.0, run["heldout_start"])], 0.0
     for row in run["steps"]:
-        total += row["h100_s"]
+        total += row[key]
         if "heldout" in row:
             out.append((row["step"], total, row["heldout"]))
+    return out
+
+
+def mean_curve(curves: list[list[tuple[int, float, float]]]) -> list[tuple[float, float]]:
+    """The seed-mean (time, accuracy) curve over the evaluation points all runs have."""
+    n = min(len(c) for c in curves)
+    return [(statistics.fmean(c[k][1] for c in curves), statistics.fmean(c[k][2] for c in curves))
+            for k in range(n)]
+
+
+def levels(by: dict[str, list[dict]], stock_mean: float | None) -> list[float]:
+    """The accuracy levels of the equal-accuracy speed-up: :data:`LEVELS` evenly spaced
+    from above the highest seed-mean start to the lowest seed-mean peak (every
+    configuration's seed-mean curve reaches each), and stock's final mean."""
+    peaks, starts = [], []
+    for rs in by.values():
+        pts = mean_curve([curve(r) for r in rs])
+        peaks.append(max(a for _, a in pts))
+        starts.append(pts[0][1])
+    lo, hi = max(starts), min(peaks)
+    out = [round(lo + (hi - lo) * (k + 1) / LEVELS, 4) for k in range(LEVELS)] if hi > lo else []
+    if stock_mean is not None:
+        out.append(round(stock_mean, 4))
+    return out
+
+
+def speedups(stock: list[dict], runs: list[dict], level: float, key: str) -> dict:
+    """Stock's projected time to ``level`` over the configuration's, on axis ``key``: per
+    seed (same seed: same held-out samples, same prompts) with a 95% t-interval over the
+    seeds where both reach it, and of the seed-mean curves."""
+    stock_by = {r["seed"]: r for r in stock}
+    per_seed = {}
+    for r in runs:
+        if r["seed"] not in stock_by:
+            continue
+        t_s = time_to([(t, a) for _, t, a in curve(stock_by[r["seed"]], key)], level)
+        t_c = time_to([(t, a) for _, t, a in curve(r, key)], level)
+        if t_s and t_c:
+            per_seed[r["seed"]] = t_s / t_c
+    t_s = time_to(mean_curve([curve(r, key) for r in stock]), level)
+    t_c = time_to(mean_curve([curve(r, key) for r in runs]), level)
+    out = {"level": level, "per_seed": per_seed, "seeds_reached": len(per_seed),
+           "of_means": t_s / t_c if t_s and t_c else None}
+    if per_seed:
+        out["mean"], out["lo"], out["hi"] = t_interval(list(per_seed.values()))
     return out
 
 
@@ -356,9 +414,7 @@ def summarize(runs: list[dict]) -> dict:
         rs = by[name]
         curves = [curve(r) for r in rs]
         final = t_interval([c[-1][2] for c in curves])
-        n_pts = min(len(c) for c in curves)
-        mean_pts = [(statistics.fmean(c[k][1] for c in curves),
-                     statistics.fmean(c[k][2] for c in curves)) for k in range(n_pts)]
+        mean_pts = mean_curve(curves)
         total = statistics.fmean(sum(s["h100_s"] for s in r["steps"]) for r in rs)
         host_total = None                  # runs written before host times were traced: none
         if all("h100_host_s" in s for r in rs for s in r["steps"]):
@@ -389,7 +445,18 @@ def summarize(runs: list[dict]) -> dict:
             row["time_to_target_s"] = time_to(mean_pts, stock_final[1])
             row["target_mean"] = stock_final[0]       # stock's mean final accuracy
             row["time_to_mean_s"] = time_to(mean_pts, stock_final[0])
+            if all("h100_host_s" in st for r in rs for st in r["steps"]):
+                row["time_to_mean_host_s"] = time_to(
+                    mean_curve([curve(r, AXES["host"]) for r in rs]), stock_final[0])
         out[name] = row
+    if "stock" in by:                 # the headline: speed-up at equal accuracy, per seed
+        targets = levels(by, stock_final[0] if stock_final else None)
+        host = all("h100_host_s" in st for r in runs for st in r["steps"])
+        for name, row in out.items():
+            row["levels"] = targets
+            row["speedup"] = {axis: [speedups(by["stock"], by[name], lv, key)
+                                     for lv in targets]
+                              for axis, key in AXES.items() if host or axis == "gpu"}
     if "stock" in out:
         base = out["stock"]["h100_total_s"]
         for row in out.values():
@@ -399,7 +466,39 @@ def summarize(runs: list[dict]) -> dict:
             for key in ("target", "mean"):
                 t = row.get(f"time_to_{key}_s")
                 row[f"time_to_{key}_frac"] = t / base if t is not None and base else None
+            t = row.get("time_to_mean_host_s")
+            row["time_to_mean_host_frac"] = (t / host_base if t is not None and host_base
+                                             else None)
     return out
+
+
+def _speedup(cell: dict | None) -> str:
+    if cell is None or "mean" not in cell:
+        return "not reached"
+    return (f"{cell['mean']:.2f}× ({cell['lo']:.2f}–{cell['hi']:.2f}, "
+            f"{cell['seeds_reached']} seeds)")
+
+
+def speedup_table(summary: dict) -> str:
+    """Speed-up at equal accuracy: per level, host-counted (GPU-only beside it)."""
+    first = next(iter(summary.values()), {})
+    targets = first.get("levels") or []
+    if not targets:
+        return ""
+    last = len(targets) - 1
+    head = ["config"] + [f"acc {lv:.3f}" + (" (stock's final mean)" if k == last else "")
+                         for k, lv in enumerate(targets)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in summary.items():
+        if name == "stock":
+            continue
+        sp = r.get("speedup", {})
+        cells = []
+        for k in range(len(targets)):
+            host = _speedup(sp["host"][k]) if "host" in sp else "– (no host times)"
+            cells.append(f"{host}; GPU-only {_speedup(sp['gpu'][k])}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _time_to(r: dict, key: str) -> str:
@@ -445,31 +544,34 @@ def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5.5))
+    host = all("h100_host_s" in st for r in runs for st in r["steps"])
+    keys = [AXES["host"]] * host + [AXES["gpu"], None]
+    fig, axes = plt.subplots(1, len(keys), figsize=(7 * len(keys), 5.5))
     for name in summary:
         rs = [r for r in runs if r["config"] == name]
-        curves = [curve(r) for r in rs]
-        n = min(len(c) for c in curves)
-        t = [statistics.fmean(c[k][1] for c in curves) for k in range(n)]
-        steps = [curves[0][k][0] for k in range(n)]
-        acc = [[c[k][2] for c in curves] for k in range(n)]
-        mean = [statistics.fmean(a) for a in acc]
-        lo = [min(a) for a in acc]
-        hi = [max(a) for a in acc]
         style = dict(color=COLORS.get(name), lw=2.4 if name in ("stock", "all") else 1.4,
                      ls="--" if name == "stock" else "-")
-        ax.plot(t, mean, marker="o", ms=4, label=name, **style)
-        ax.fill_between(t, lo, hi, color=COLORS.get(name), alpha=0.12)
-        bx.plot(steps, mean, marker="o", ms=4, label=name, **style)
-        bx.fill_between(steps, lo, hi, color=COLORS.get(name), alpha=0.12)
+        for a, key in zip(axes, keys):
+            curves = [curve(r, key or AXES["gpu"]) for r in rs]
+            n = min(len(c) for c in curves)
+            x = ([curves[0][k][0] for k in range(n)] if key is None
+                 else [statistics.fmean(c[k][1] for c in curves) for k in range(n)])
+            acc = [[c[k][2] for c in curves] for k in range(n)]
+            a.plot(x, [statistics.fmean(v) for v in acc], marker="o", ms=4, label=name,
+                   **style)
+            a.fill_between(x, [min(v) for v in acc], [max(v) for v in acc],
+                           color=COLORS.get(name), alpha=0.12)
     if "stock" in summary:
         s = summary["stock"]
-        for a in (ax, bx):
+        for a in axes:
             a.axhspan(s["final_lo"], s["final_hi"], color="grey", alpha=0.15,
                       label="stock final, 95% CI")
-    ax.set_xlabel(f"cumulative rollout time, projected on {args.cost} (s)")
-    bx.set_xlabel("GRPO step")
-    for a in (ax, bx):
+    for a, key in zip(axes, keys):
+        a.set_xlabel("GRPO step" if key is None else
+                     f"cumulative rollout time, projected on {args.cost} (s)"
+                     + (", host counted" if key == AXES["host"] else ", GPU only"))
+    ax = axes[0]
+    for a in axes:
         a.set_ylabel(f"held-out accuracy ({args.eval_prompts} prompts × "
                      f"{args.eval_samples}, T = 1)")
         a.grid(alpha=0.3)
@@ -564,6 +666,10 @@ def main(argv: list[str] | None = None) -> None:
     if summary:
         plot(runs, summary, out / "train.png", args)
         print(table(summary))
+        print("\nSpeed-up at equal accuracy: stock's projected rollout time to each level "
+              "over the configuration's, the mean over seeds (95% t-interval, seeds where "
+              "both reach it), host-counted; GPU-only beside it.\n")
+        print(speedup_table(summary))
     print(f"\n{len(runs)} runs in {doc['wall_s'] / 60:.1f} min; JSON {out / 'train.json'}, "
           f"PNG {out / 'train.png'}")
     if errors:

@@ -7,6 +7,7 @@
     vllm-rl bench das [...]          # DAS over epochs vs stock, ngram, suffix
     vllm-rl bench das-batch [...]    # drafting's gain by batch size
     vllm-rl bench arrol [...]        # ARRoL's head: signal at l_detect, one pruned step
+    vllm-rl bench arrol-gate [...]   # the within-group AUC from which ARRoL's steering helps
     vllm-rl bench overhead [...]     # host µs per request-step vs stock vLLM, vs budgets
     vllm-rl bench report FILE.json   # a benchmark's table again, from its JSON
 
@@ -32,6 +33,8 @@ SUBCOMMANDS = {   # name -> (module, one line of help)
                   "(the batch cap's defaults)"),
     "arrol": ("vllm_rl.bench.arrol", "ARRoL's quality head: its signal at each l_detect "
               "(hidden state, trace features, both), then one step with pruning"),
+    "arrol-gate": ("vllm_rl.bench.arrol_gate", "the within-group AUC from which ARRoL's "
+                   "steering brings groups closer to rho than stock (the AUC gate's value)"),
     "overhead": ("vllm_rl.bench.overhead", "host time per request-step (scheduling, "
                  "update, drafter, scorer) at up to 1,024 live sequences, RL engine vs "
                  "stock vLLM, against the budgets (--mode throughput: flagless tokens/s)"),

@@ -109,18 +109,25 @@ def annotate_group(infos: list[RolloutInfo], size: int, k: int,
     DUET-aborted and ARRoL-pruned ones never do.  Dual-end: the ``k`` shortest valid samples and
     the ``size - k`` longest valid ones (never one cut at the length limit,
     Sec. 4.1.2) are selected.  Unselected samples get weight 0.
+
+    DUET's eps-kept samples (:attr:`~vllm_rl.outcome.RolloutInfo.eps_kept`) are outside
+    DARTS's pool (the composition rule): they compete for none of the M slots and are
+    always selected, as ``"eps_kept"``, with their 1/eps weight (Eq. 6), so DUET's
+    estimator of its marker-less tail stays unbiased inside the group.
     """
+    tail = [i.eps_kept for i in infos]
     lengths = [i.length for i in infos]
-    valid = [i.valid for i in infos]
+    valid = [i.valid and not t for i, t in zip(infos, tail)]
     if early_stop:
-        excluded = [i.reason in (Reason.DARTS_CANCELLED, Reason.DUET_ABORTED,
-                                 Reason.ARROL_PRUNED) for i in infos]
+        excluded = [t or i.reason in (Reason.DARTS_CANCELLED, Reason.DUET_ABORTED,
+                                      Reason.ARROL_PRUNED) for i, t in zip(infos, tail)]
         marks = shortest_selection(lengths, valid, size, excluded,
                                    [i.finish_rank for i in infos])
     else:
         marks = dual_end_selection(lengths, valid, size, k)
     out = []
-    for info, mark in zip(infos, marks):
+    for info, mark, t in zip(infos, marks, tail):
+        mark = "eps_kept" if t else mark
         out.append(replace(info, selected=mark is not None, selection=mark,
                            weight=info.weight if mark is not None else 0.0))
     return out

@@ -6,8 +6,9 @@ it at four points; everything DUET knows lives here:
 * :meth:`DuetEngine.admit` (per request, at admission): the sample's
   :class:`~vllm_rl.duet.rule.DuetState`: thresholds (the flags', or the online
   estimate's for its marker kind, App. A.3), its seeded keep coin (Thm. 3, A5), its
-  incremental marker detector, and the gate's ``eps`` (0 inside a DARTS group: the
-  composition rule of ``docs/ARCHITECTURE.md``);
+  incremental marker detector, and the gate's ``eps`` (the flags', inside a DARTS group
+  too: the composition rule of ``docs/ARCHITECTURE.md`` keeps an eps-kept sample out of
+  DARTS's pool instead);
 * :meth:`DuetEngine.step` (per DUET request per step): one comparison unless a poll
   or the gate is due (Alg. A.10 l.17-30, :func:`vllm_rl.duet.rule.step`);
 * :meth:`DuetEngine.observe` (per sample, at its end): its length into its kind's
@@ -61,7 +62,7 @@ class DuetEngine:
 
     # ------------------------------------------------------------------ per request
     def admit(self, flags: DuetFlags, max_tokens: int, seed: int | None,
-              prompt_token_ids, request_id: str, in_darts: bool) -> DuetState:
+              prompt_token_ids, request_id: str) -> DuetState:
         """The sample's state at admission (its prompt is read only for a code marker's
         opening fence, once)."""
         kind = kind_of(flags)
@@ -77,8 +78,7 @@ class DuetEngine:
             flags=flags, detector=markers.marker(flags.marker, flags.pattern, fence),
             k1=cold_k1 if flags.k1 is None else flags.k1,
             k2=cold_k2 if flags.k2 is None else flags.k2,
-            coin=rule.seeded_coin(seed, prompt_token_ids, request_id),
-            eps=0.0 if in_darts else flags.eps)   # composition: the gate caps DARTS's pool
+            coin=rule.seeded_coin(seed, prompt_token_ids, request_id))
 
     def step(self, state: DuetState, num_tokens: int, tokens) -> Reason | None:
         """The sample's DUET end after this step, if any (trimmed at its marker, or
@@ -98,7 +98,7 @@ class DuetEngine:
         DUET's own coin)."""
         if reason is Reason.ARROL_PRUNED or (reason is Reason.DUET_ABORTED and state.eps > 0):
             return
-        weight = 1.0 / state.keep_prob if state.keep_prob > 0 else 1.0  # eps = 0: censored
+        weight = 1.0 / state.keep_prob
         if arrol_p:
             weight /= arrol_p
         self.thresholds[kind_of(state.flags)].observe(length, reason.valid, weight)
@@ -115,6 +115,14 @@ class DuetEngine:
     def weight(state: DuetState, reason: Reason) -> float:
         """Eq. 6: 0 if aborted at the gate, 1/eps if its coin kept it, else 1."""
         return 0.0 if reason is Reason.DUET_ABORTED else state.weight
+
+    @staticmethod
+    def tail(state: DuetState) -> bool:
+        """Past the gate and kept by its coin (eps < 1): DUET's marker-less tail, which
+        inside a DARTS group is outside DARTS's pool (never counted toward M, cancelled
+        or deselected; ``RolloutInfo.eps_kept`` on the record).  Asked of live samples
+        and of ones ending other than by the gate's abort."""
+        return state.keep_decided and state.eps < 1.0
 
     @staticmethod
     def fields(state: DuetState) -> dict:

@@ -24,10 +24,11 @@ Every sample ended early is finished in the same step through vLLM's
 ``finish_requests`` (KV blocks freed now) and gets a final output of its own.
 
 When several techniques act on one group, the composition rule of
-``docs/ARCHITECTURE.md`` decides who may remove what: inside a DARTS group DUET's gate is
-DARTS's length cap (no eps-keep) and ARRoL never prunes the group below its M (a coin that
-would is overruled and the record says so); pruned, aborted and cancelled samples never
-count toward M.
+``docs/ARCHITECTURE.md`` decides who may remove what: inside a DARTS group a sample DUET's
+coin keeps past the gate leaves DARTS's pool (never counted toward M, never cancelled by
+an early stop) and ARRoL never prunes the group below its M (a coin that would is
+overruled and the record says so); pruned, aborted and cancelled samples never count
+toward M.
 
 Every early end keeps the tokens (and logprobs) the model really produced and writes a
 :class:`~vllm_rl.outcome.RolloutInfo` record into the request's ``stop_reason`` (one
@@ -124,7 +125,7 @@ class RLSchedulerMixin(TraceMixin):
         if flags.duet is not None:
             member.duet = self.duet.admit(
                 flags.duet, request.max_tokens, request.sampling_params.seed,
-                request.prompt_token_ids, request.request_id, flags.darts is not None)
+                request.prompt_token_ids, request.request_id)
         return member
 
     @property
@@ -191,7 +192,7 @@ class RLSchedulerMixin(TraceMixin):
             if member.step_accepted:
                 das.keep_accepted(member, request.num_output_tokens)
             state = member.duet
-            if member.group is not None and member.group.stopped:
+            if member.group is not None and member.group.stopped and not _tail(member):
                 self._write_cancelled(request, member)
             elif member.arrol_pending:
                 member.arrol_pending = False
@@ -214,16 +215,19 @@ class RLSchedulerMixin(TraceMixin):
         """ARRoL verdicts of this step: each sample's first one is kept (a request is
         scored once); a pruned sample ends at its update in this same step, unless its
         DARTS group would then keep fewer than M samples that can still be selected
-        (composition rule: the coin is overruled, ``floor`` in the record)."""
+        (composition rule: the coin is overruled).  Every sample scored while its group
+        is at that floor is kept whatever its coin said, so no coin decided it: its
+        record says ``floor`` and its survival weight is 1, not 1/p."""
         for rid, verdict in verdicts.items():
             member = self.rl_members.get(rid)
             if member is None or member.flags.arrol is None or member.arrol is not None:
                 continue
             verdict = arrol.verdict(verdict)
-            if verdict.pruned and _at_floor(member):
-                verdict = verdict._replace(pruned=False)
+            if verdict.p is not None and _at_floor(member):
                 member.arrol_floor = True
-                self.rl_stats["arrol_floor"] += 1
+                if verdict.pruned:
+                    verdict = verdict._replace(pruned=False)
+                    self.rl_stats["arrol_floor"] += 1
             member.arrol = verdict
             if verdict.pruned:
                 member.arrol_pending = True
@@ -247,7 +251,7 @@ class RLSchedulerMixin(TraceMixin):
         for gid, group in list(self._watched.items()):
             live = []
             for m in group.live.values():
-                if m.finish_rank is None:
+                if m.finish_rank is None and not _tail(m):
                     req = self.requests.get(m.request_id)
                     live.append(req.num_output_tokens if req is not None else 0)
             missing = max(0, group.flags.redundant - group.arrived)
@@ -327,7 +331,9 @@ class RLSchedulerMixin(TraceMixin):
         member.ended = True
         group = member.group
         if group is not None:
-            self.rl_groups.record_end(member, reason.valid, request.num_output_tokens)
+            pooled = reason is Reason.DUET_ABORTED or not _tail(member)
+            self.rl_groups.record_end(member, reason.valid and pooled,
+                                      request.num_output_tokens)
             rl = member.flags
             if (not group.stopped and group.full_at_step is None
                     and darts.watches(rl.darts, rl.group, group.valid)):
@@ -352,7 +358,7 @@ class RLSchedulerMixin(TraceMixin):
         """Finish the live members of early-stopped groups now and free their blocks."""
         groups, self._stopped_groups = self._stopped_groups, []
         for group in groups:
-            members = list(group.live.values())
+            members = [m for m in group.live.values() if not _tail(m)]
             for member in members:
                 request = self.requests.get(member.request_id)
                 if request is not None:
@@ -376,13 +382,22 @@ class RLSchedulerMixin(TraceMixin):
             ))
 
 
+def _tail(member: Member) -> bool:
+    """A DARTS member DUET's coin kept past the gate: outside DARTS's pool (never counted
+    toward M, never cancelled; :meth:`vllm_rl.duet.engine.DuetEngine.tail`)."""
+    return (member.duet is not None and member.flags.darts is not None
+            and DuetEngine.tail(member.duet))
+
+
 def _at_floor(member: Member) -> bool:
     """Pruning ``member`` would leave its DARTS group fewer than M samples that can still
-    be selected: valid ones that ended, live ones not being pruned, ones not yet arrived."""
+    be selected: valid ones that ended, live ones not being pruned (nor outside DARTS's
+    pool: DUET's eps-kept), ones not yet arrived."""
     group = member.group
     if group is None or member.flags.darts is None:
         return False
-    others = sum(1 for m in group.live.values() if m is not member and not m.arrol_pending)
+    others = sum(1 for m in group.live.values()
+                 if m is not member and not m.arrol_pending and not _tail(m))
     missing = max(0, group.flags.redundant - group.arrived)
     return group.valid + others + missing < group.flags.size
 

@@ -13,8 +13,9 @@ subtract and divide by).  The rules, by technique and under the composition rule
   (:func:`vllm_rl.darts.rule.annotate_group`): early stop selects the M shortest valid,
   dual-end the K shortest and L longest valid; the selected M are the training group, in
   the loss and the baseline (Eq. 3 is the mean over the selected), the rest in neither.
-  Inside a DARTS group DUET's gate is DARTS's length cap (no eps-keep), so an aborted
-  sample is an unselected one;
+  Inside a DARTS group a sample DUET's coin kept past the gate is outside DARTS's pool and
+  always selected (``"eps_kept"``) with its 1/eps weight, in the loss and the baseline;
+  one aborted at the gate is in neither;
 * **DUET** without DARTS (Alg. A.10 l.35-42): every rollout of the prompt enters the
   group baseline, aborted ones with the verifier's reward of their partial text (l.38:
   "baseline includes aborted rewards"); an aborted rollout's advantage is zeroed and it
@@ -100,7 +101,7 @@ def training_marks(infos: Sequence[RolloutInfo | None],
             marks.append(TrainingMark(False, 0.0, False, replace(info, weight=0.0)))
             continue
         weight = float(info.weight)
-        eps_kept = info.keep_prob is not None and info.keep_prob < 1.0 and weight > 0
+        eps_kept = info.eps_kept and weight > 0
         if i in in_darts:
             baseline = bool(info.selected)
         else:

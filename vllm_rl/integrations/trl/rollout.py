@@ -196,12 +196,13 @@ class RolloutFunc:
             self.planner.observe({self.problem_id(p): [i.length for i in infos]
                                   for p, infos in zip(last.prompts, last.infos)})
         if self.arrol_feedback is not None:
-            infos, rewards = [], []
+            infos, rewards, prompts = [], [], []
             for p, group, texts in zip(last.prompts, last.infos, last.texts):
                 for info, text in zip(group, texts):
                     infos.append(info)
                     rewards.append(self.reward(p, text))
-            update = self.arrol_feedback.observe(infos, rewards)
+                    prompts.append(p)
+            update = self.arrol_feedback.observe(infos, rewards, prompts)
             if update is not None:
                 self.llm.arrol_update(**update)
 
