@@ -15,7 +15,10 @@ def render(doc: dict) -> str:
     if "runs" in doc and doc["runs"] and "heldout_start" in doc["runs"][0]:
         from vllm_rl.bench import train
 
-        return train.table(train.summarize(doc["runs"]))
+        summary = train.summarize(doc["runs"])
+        speed = train.speedup_table(summary)
+        return train.table(summary) + ("\n\nSpeed-up at equal accuracy (95% t-interval "
+                                       "over seeds):\n\n" + speed if speed else "")
     if "summary" in doc and isinstance(doc["summary"], list):
         from vllm_rl.bench import step
 

@@ -363,9 +363,9 @@ def levels(by: dict[str, list[dict]], stock_mean: float | None) -> list[float]:
         peaks.append(max(a for _, a in pts))
         starts.append(pts[0][1])
     lo, hi = max(starts), min(peaks)
-    out = [round(lo + (hi - lo) * (k + 1) / LEVELS, 4) for k in range(LEVELS)] if hi > lo else []
+    out = [lo + (hi - lo) * (k + 1) / LEVELS for k in range(LEVELS)] if hi > lo else []
     if stock_mean is not None:
-        out.append(round(stock_mean, 4))
+        out.append(stock_mean)
     return out
 
 
