@@ -186,3 +186,18 @@ def test_calibration_checks_name_the_field():
                                        "bins": rule.BINS})
     no_bins = {k: v for k, v in full.to_dict().items() if k != "bins"}
     assert rule.Calibration.from_dict(no_bins) == full                 # bins defaults to B
+
+
+def test_rho_is_absorbed_by_delta():
+    """With δ solved so that E[p] = κ, ρ shifts every p by λρ and δ takes it back: the
+    survival probabilities are the same for any ρ (the clip included)."""
+    import numpy as np
+
+    from vllm_rl.arrol.calibration import solve_delta
+
+    q = np.random.default_rng(0).uniform(0, 1, 500)
+    ps = []
+    for rho in (0.2, 0.5, 0.8):
+        d = solve_delta(q, 0.5, rho, 0.5, 0.1, 0.9)
+        ps.append([rule.survival(v, d, 0.5, rho, 0.5, 0.1, 0.9) for v in q])
+    assert np.allclose(ps[0], ps[1], atol=1e-7) and np.allclose(ps[1], ps[2], atol=1e-7)

@@ -165,7 +165,14 @@ def posterior(cal: Calibration, s: float) -> float:
 
 def survival(q: float, delta: float, kappa: float, rho: float, lam: float, p_min: float,
              p_max: float) -> float:
-    """Eq. 2: p = clip(κ + δ + λ(ρ − q), p_min, p_max), the survival probability."""
+    """Eq. 2: p = clip(κ + δ + λ(ρ − q), p_min, p_max), the survival probability.
+
+    With δ solved so that E[p] = κ (App. A.4, :func:`vllm_rl.arrol.calibration.solve_delta`)
+    ρ has no effect: it shifts every p by the same λρ, which δ takes back exactly (the
+    clip included).  So Eq. 2 prunes the likelier-correct samples harder whatever ρ is:
+    it brings a group toward balance where the group is mostly correct (Lemma 4.1's case
+    μ* > ρ) and away from it where it is mostly wrong (``vllm-rl bench arrol-gate``
+    measures where it helps on a model's own groups)."""
     return min(p_max, max(p_min, kappa + delta + lam * (rho - q)))
 
 
