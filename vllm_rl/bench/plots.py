@@ -177,7 +177,7 @@ def speedups(lines: Mapping[str, tuple[Sequence[float], Sequence[float], Sequenc
     ticks = sorted({x for xs, *_ in lines.values() for x in xs})
     ax.set_xticks(ticks, [str(int(x)) for x in ticks])
     ax.minorticks_off()
-    ax.set_xlabel("live sequences (prompts x M)")
+    ax.set_xlabel("sequences per step (prompts x M; the engine runs at most 1,024 at once)")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="best", framealpha=0.9)
