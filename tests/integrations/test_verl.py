@@ -246,7 +246,7 @@ def test_loss_marks_on_real_records(rollout_batch):
     for gid, group in by_group.items():
         infos = [m.info for m in group]
         assert not shortest_violations(infos, M), (gid, shortest_violations(infos, M))
-        assert sum(m.info.selected for m in group) <= M
+        assert sum(m.info.selected and not m.info.eps_kept for m in group) <= M
         for m in group:
             if m.info.reason in (Reason.DARTS_CANCELLED, Reason.DUET_ABORTED):
                 assert not m.keep and m.weight == 0
@@ -400,7 +400,8 @@ def test_dropped_samples_leave_the_grpo_baseline_and_weights_scale_advantages():
     marks = training_marks(extra)
     assert [m.keep for m in marks] == [True, True, False, False, False, True]
     assert [m.weight for m in marks] == [1.0, 4.0, 0.0, 0.0, 0.0, 1.0]
-    assert [m.info.selection for m in marks[:2]] == ["shortest", "shortest"]
+    # the DUET-kept sample is outside DARTS's pool: selected beside the M (composition rule)
+    assert [m.info.selection for m in marks[:2]] == ["shortest", "eps_kept"]
 
     batch = KVBatchMeta(keys=[f"k{i}" for i in range(6)], tags=[{"i": i} for i in range(6)],
                         partition_id="train")
