@@ -17,7 +17,8 @@ On the trainer's side:
 - :mod:`.head`: :class:`~.head.QualityHead` and :class:`~.head.HeadTrainer` (Sec. 4.2-4.3);
 - :mod:`.calibration`: the calibration buffer, δ and the cold start (App. A.4);
 - :mod:`.controller`: :class:`~.controller.ArrolFeedback`, Alg. 1 l.3-8 between steps for
-  every trainer (clean labels, fitting over the buffer, the held-out AUC gate);
+  every trainer (every scored sample in the head's data, fitting over the buffer,
+  out-of-sample calibration, the within-group held-out AUC gate);
 - :mod:`.measures`: Spearman, AUC, trace confidence, weighted voting (Sec. 4.4).
 
 The public names of these modules are importable from the package itself (lazily).
