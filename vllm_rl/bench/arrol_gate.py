@@ -124,6 +124,8 @@ def plot(rows: list[dict], threshold: float | None, path: Path) -> None:
                     [r["stock_distance"] - r["gain_hi"] for r in rows], alpha=0.2,
                     label="95% interval (bootstrap over groups)")
     ax.axhline(rows[0]["stock_distance"], color="k", ls="--", label="stock (every sample kept)")
+    ax.plot(x, [r["random_distance"] for r in rows], "s:", color="grey", ms=4,
+            label="random pruning at the same keep rate (the paper's Table 4 baseline)")
     if threshold is not None:
         ax.axvline(threshold, color="tab:red", ls=":", label=f"gate = {threshold:.2f}")
     ax.set_xlabel("within-group AUC of the head")
