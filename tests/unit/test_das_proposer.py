@@ -360,18 +360,3 @@ def test_cost_cap_probes_only_where_acceptance_could_make_drafting_pay():
 
     assert run(0.95) == PROBE_ROWS        # drafting would pay at 600 rows from q ~ 0.7
     assert run(0.5) == 0
-
-
-def test_async_path_cost_is_priced_per_row_of_the_batch():
-    """A drafting step's path (feeding, drafting, vLLM's input preparation) grows with the
-    batch: measured at 17 ms in a batch of 1,024 it blocks drafting there, not in the
-    narrow tail of the rollout step, where 16 rows pay about 0.3 ms."""
-    p = DASProposer(SimpleNamespace(
-        speculative_config=SimpleNamespace(method="custom_class", model=PROPOSER,
-                                           num_speculative_tokens=8),
-        additional_config={CONFIG_KEY: {"batch_cap": "cost"}, "vllm_rl_cost": "h100:qwen3-8b"},
-        model_config=SimpleNamespace(max_model_len=512)))
-    p._runner, p._context = SimpleNamespace(use_async_scheduling=True), 300.0
-    p.draft_host_ms_row = 17.0 / 1024
-    assert p._cost_cap(1024, 1024, 0.6) == 0
-    assert p._cost_cap(16, 16, 0.6) > 0

@@ -111,7 +111,7 @@ PROBLEM_HORIZON = 256
 PHASE_LOG = 256          # recent phase decisions kept for das_phase() (tests, debugging)
 PATH_ATTR = "_vllm_rl_path_from"   # runner: a drafting step's path, vLLM's part from here
 PREP_ATTR = "_vllm_rl_prep_ns"     # runner: that part, measured (patches/das_async.py)
-HOST_DECAY = 0.1         # weight of the newest drafting step in draft_host_ms_row
+HOST_DECAY = 0.1         # weight of the newest drafting step in draft_host_ms
 # Async scheduling: a step's decision reaches the scheduler's placeholders this many steps
 # later; an ARRoL hold ending within it already counts as drafting.
 HOLD_LAG = 2
@@ -265,11 +265,7 @@ class DASProposer:
         # drafter after its wait for the last step's ids, then vLLM's input preparation
         # until the forward pass, patches/das_async.py; the cost cap counts it against
         # the tokens drafting saves)
-        # async: a drafting step's path per request in its batch (the path feeds, drafts
-        # and prepares every row, so it grows with the batch: priced per row, a cost
-        # measured in a wide batch does not block drafting in a narrow one)
-        self.draft_host_ms_row = 0.0
-        self._path_rows = 1
+        self.draft_host_ms = 0.0
         self._ready: _Ready | None = None
         self._drafted: dict[str, int] = {}
         self.host_ns = {"feed": 0, "draft": 0, "feed_background": 0}  # the C++ calls' CPU time
@@ -503,8 +499,8 @@ class DASProposer:
             self._runner = runner
             prep = runner.__dict__.pop(PREP_ATTR, None)
             if self._path_ns is not None and prep is not None:
-                ms = (self._path_ns + prep) / 1e6 / self._path_rows   # per row of its batch
-                self.draft_host_ms_row += HOST_DECAY * (ms - self.draft_host_ms_row)
+                ms = (self._path_ns + prep) / 1e6      # the last drafting step's path
+                self.draft_host_ms += HOST_DECAY * (ms - self.draft_host_ms)
             self._path_ns = None
             spec = scheduler_output.scheduled_spec_decode_tokens
             draft = bool(spec) and self._drafting
@@ -537,7 +533,6 @@ class DASProposer:
             HOST.path_ns += path
             if path:                 # vLLM's input preparation goes on the path too
                 self._path_ns = path
-                self._path_rows = max(1, len(scheduler_output.num_scheduled_tokens))
                 runner.__dict__[PATH_ATTR] = end
 
     # ------------------------------------------------------------------ background feed
@@ -667,12 +662,12 @@ class DASProposer:
         """Sec. 4.2.1's batch cap from the step-cost model: the draft length that makes
         this step cheapest per generated token (:func:`.caps.cost_cap`) at acceptance
         ``q`` (default: the recent one), host time counted: under async scheduling a
-        drafting step also pays its path (the drafter's time after the forward pass and
-        vLLM's input preparation, measured: :attr:`draft_host_ms_row` per row of the
-        batch), which a step without drafts hides under the forward pass."""
+        drafting step also pays :attr:`draft_host_ms` (the drafter's time after the
+        forward pass, measured), which a step without drafts hides under the forward
+        pass."""
         q = self._recent_acceptance() if q is None else q
         width = lambda k: 1.0 + k * drafting / batch   # noqa: E731
-        host = self.draft_host_ms_row * batch if self._asynchronous else 0.0
+        host = self.draft_host_ms if self._asynchronous else 0.0
 
         def step_ms(k: int) -> float:
             return self.cost.uniform_ms(batch, width(k), self._context) + (host if k else 0.0)
@@ -1060,8 +1055,7 @@ class DASProposer:
             "n_fwd_recent_rounds": list(self.n_fwd_log),   # T_short is their mean
             "phase": dict(self.phase_totals),               # batch_cap="phase" decisions
             "cost_cap": dict(self.cap_totals),              # batch_cap="cost": off steps
-            "draft_host_ms_row": self.draft_host_ms_row,    # async: a drafting step's path
-                                                            # per row of its batch
+            "draft_host_ms": self.draft_host_ms,            # async: a drafting step's path
             "per_step": [list(x) for x in self.verify_log],
         }
 
