@@ -333,19 +333,21 @@ def test_force_drafts_past_a_batch_cap_that_is_off():
 
 def test_cost_cap_probes_only_where_acceptance_could_make_drafting_pay():
     """A wide batch at the prior acceptance drafts nothing; after PROBE_EVERY such steps a
-    probe drafts PROBE_ROWS requests where the best acceptance estimate among the live
-    requests would make drafting pay at this batch, and none where it would not (no
-    evidence short of that could change the decision)."""
+    probe drafts PROBE_ROWS requests, unless even an acceptance of Q_BEST would not pay
+    for drafting at this batch (here: a step whose cost grows with every token it
+    verifies, as a compute-bound one does), where no probe could change the decision."""
     from vllm_rl.das.drafter import PROBE_EVERY, PROBE_ROWS
 
-    def run(best: float) -> int:
+    def run(per_token: bool) -> int:
         p = DASProposer(SimpleNamespace(
             speculative_config=SimpleNamespace(method="custom_class", model=PROPOSER,
                                                num_speculative_tokens=8),
             additional_config={CONFIG_KEY: {"batch_cap": "cost"},
                                "vllm_rl_cost": "h100:qwen3-8b"},
             model_config=SimpleNamespace(max_model_len=512)))
-        p._best_acceptance = lambda slots: best
+        if per_token:
+            p.cost = SimpleNamespace(uniform_ms=lambda batch, width, context:
+                                     0.01 * batch * width)
         runner = Runner()
         rows = [f"r{i}" for i in range(600)]
         for rid in rows:
@@ -358,5 +360,5 @@ def test_cost_cap_probes_only_where_acceptance_could_make_drafting_pay():
             drafted = max(drafted, sum(map(bool, drafts.values())))
         return drafted
 
-    assert run(0.95) == PROBE_ROWS        # drafting would pay at 600 rows from q ~ 0.7
-    assert run(0.5) == 0
+    assert run(False) == PROBE_ROWS
+    assert run(True) == 0

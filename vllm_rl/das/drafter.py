@@ -94,14 +94,12 @@ CLASS_CHECK_EVERY = 8    # tokens between length-class updates of a request
 # The cost cap reads the acceptance of recent verifications; when it has drafted nothing
 # for PROBE_EVERY steps (the trees may have grown since), one step drafts at full length
 # for at most PROBE_ROWS requests: fresh evidence at the price of a few wider rows (and,
-# under async scheduling, of one drafting step's host time on the path: about 17 ms at
-# 1,024 live sequences here).  The cost cap probes only where the best acceptance
-# estimate among the live requests (their own counts, shrunk toward their problem's)
-# would make drafting pay at this batch: elsewhere no evidence short of that could
-# change the decision, and the rollout step's tail, where drafting pays, brings fresh
-# counts anyway.
+# under async scheduling, of one drafting step's host time on the path).  No probe where
+# even an acceptance of Q_BEST would not make drafting pay at this batch: no evidence
+# could change the decision there.
 PROBE_EVERY = 16
 PROBE_ROWS = 8
+Q_BEST = 0.95            # the highest acceptance the caps assume (_recent_acceptance's clamp)
 # Acceptance estimates of the phase-aware cap (Eq. 3's k, das.budget.estimate_k): a
 # request's own counts shrunk toward its problem's, the problem's toward the engine's
 # recent rate, each prior worth PRIOR_DRAFTS draft tokens; a problem's counts decay with
@@ -674,11 +672,6 @@ class DASProposer:
 
         return draft_caps.cost_cap(step_ms, batch, drafting, q, self.k_max)
 
-    def _best_acceptance(self, slots: np.ndarray) -> float:
-        """The highest acceptance estimate among these requests (:meth:`_acceptance`),
-        clamped as :meth:`_recent_acceptance` is."""
-        return min(max(float(self._acceptance(slots).max()), 0.05), 0.95)
-
     def _recent_acceptance(self) -> float:
         """The engine's per-draft-token acceptance over its last 64 verification steps
         (:func:`policy.chain_acceptance`), clamped to [0.05, 0.95]; 0.5 before any."""
@@ -736,15 +729,12 @@ class DASProposer:
             self.cap_totals["off"] += k_cap == 0
             if k_cap == 0:
                 self._undrafted += 1
-                if self._undrafted >= PROBE_EVERY:       # fresh acceptance evidence,
-                    if not self._cost_cap(step.n, len(live),    # where it could matter
-                                          self._best_acceptance(step.slots[live])):
-                        self._undrafted = 0              # asked again PROBE_EVERY on
-                    else:
-                        k_cap = self.k_max
-                        if self._draft_now:              # (a probe only counts if drafted)
-                            self._undrafted = 0
-                        live = live[:PROBE_ROWS]
+                if (self._undrafted >= PROBE_EVERY       # fresh acceptance evidence, where
+                        and self._cost_cap(step.n, len(live), Q_BEST)):   # it could matter
+                    k_cap = self.k_max
+                    if self._draft_now:                  # (a probe only counts if drafted)
+                        self._undrafted = 0
+                    live = live[:PROBE_ROWS]
             else:
                 self._undrafted = 0
         else:
@@ -848,7 +838,8 @@ class DASProposer:
         probe = False
         if not ks.any():
             self._undrafted += 1
-            if self._undrafted < PROBE_EVERY:
+            if self._undrafted < PROBE_EVERY or not any(draft_caps.phase_budgets(
+                    step_ms, batch, [Q_BEST] * len(caps), caps.tolist())):
                 self._log_phase(batch, context, q.tolist(), caps.tolist(), ks.tolist(), False)
                 return None
             # fresh acceptance evidence: the requests with the fewest drafts so far
