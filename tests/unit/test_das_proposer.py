@@ -329,36 +329,3 @@ def test_force_drafts_past_a_batch_cap_that_is_off():
     drafts = runner.step(p, {"capped": [11], "forced": [11], "off": [11]})
     assert drafts["capped"] == [] and drafts["off"] == []
     assert drafts["forced"] == [12, 13, 14, 15, 16, 17, 18, 19]
-
-
-def test_cost_cap_probes_only_where_acceptance_could_make_drafting_pay():
-    """A wide batch at the prior acceptance drafts nothing; after PROBE_EVERY such steps a
-    probe drafts PROBE_ROWS requests, unless even an acceptance of Q_BEST would not pay
-    for drafting at this batch (here: a step whose cost grows with every token it
-    verifies, as a compute-bound one does), where no probe could change the decision."""
-    from vllm_rl.das.drafter import PROBE_EVERY, PROBE_ROWS
-
-    def run(per_token: bool) -> int:
-        p = DASProposer(SimpleNamespace(
-            speculative_config=SimpleNamespace(method="custom_class", model=PROPOSER,
-                                               num_speculative_tokens=8),
-            additional_config={CONFIG_KEY: {"batch_cap": "cost"},
-                               "vllm_rl_cost": "h100:qwen3-8b"},
-            model_config=SimpleNamespace(max_model_len=512)))
-        if per_token:
-            p.cost = SimpleNamespace(uniform_ms=lambda batch, width, context:
-                                     0.01 * batch * width)
-        runner = Runner()
-        rows = [f"r{i}" for i in range(600)]
-        for rid in rows:
-            p.prebuild(rid, [ROLLOUT + [EOS]], PROMPT)
-            runner.add(rid, _request({"problem_id": rid, "policy": "fixed"},
-                                     max_tokens=200))
-        drafted = 0
-        for step in range(PROBE_EVERY + 1):
-            drafts = runner.step(p, {rid: [ROLLOUT[step]] for rid in rows})
-            drafted = max(drafted, sum(map(bool, drafts.values())))
-        return drafted
-
-    assert run(False) == PROBE_ROWS
-    assert run(True) == 0

@@ -93,13 +93,9 @@ logger = init_logger(__name__)
 CLASS_CHECK_EVERY = 8    # tokens between length-class updates of a request
 # The cost cap reads the acceptance of recent verifications; when it has drafted nothing
 # for PROBE_EVERY steps (the trees may have grown since), one step drafts at full length
-# for at most PROBE_ROWS requests: fresh evidence at the price of a few wider rows (and,
-# under async scheduling, of one drafting step's host time on the path).  No probe where
-# even an acceptance of Q_BEST would not make drafting pay at this batch: no evidence
-# could change the decision there.
+# for at most PROBE_ROWS requests: fresh evidence at the price of a few wider rows.
 PROBE_EVERY = 16
 PROBE_ROWS = 8
-Q_BEST = 0.95            # the highest acceptance the caps assume (_recent_acceptance's clamp)
 # Acceptance estimates of the phase-aware cap (Eq. 3's k, das.budget.estimate_k): a
 # request's own counts shrunk toward its problem's, the problem's toward the engine's
 # recent rate, each prior worth PRIOR_DRAFTS draft tokens; a problem's counts decay with
@@ -656,14 +652,13 @@ class DASProposer:
         self.cost.observe_sums(int(widths.sum()), int((widths * (contexts + widths)).sum()),
                                (now - last) * 1e3)
 
-    def _cost_cap(self, batch: int, drafting: int, q: float | None = None) -> int:
+    def _cost_cap(self, batch: int, drafting: int) -> int:
         """Sec. 4.2.1's batch cap from the step-cost model: the draft length that makes
-        this step cheapest per generated token (:func:`.caps.cost_cap`) at acceptance
-        ``q`` (default: the recent one), host time counted: under async scheduling a
-        drafting step also pays :attr:`draft_host_ms` (the drafter's time after the
-        forward pass, measured), which a step without drafts hides under the forward
-        pass."""
-        q = self._recent_acceptance() if q is None else q
+        this step cheapest per generated token (:func:`.caps.cost_cap`), host time
+        counted: under async scheduling a drafting step also pays :attr:`draft_host_ms`
+        (the drafter's time after the forward pass, measured), which a step without
+        drafts hides under the forward pass."""
+        q = self._recent_acceptance()
         width = lambda k: 1.0 + k * drafting / batch   # noqa: E731
         host = self.draft_host_ms if self._asynchronous else 0.0
 
@@ -729,8 +724,7 @@ class DASProposer:
             self.cap_totals["off"] += k_cap == 0
             if k_cap == 0:
                 self._undrafted += 1
-                if (self._undrafted >= PROBE_EVERY       # fresh acceptance evidence, where
-                        and self._cost_cap(step.n, len(live), Q_BEST)):   # it could matter
+                if self._undrafted >= PROBE_EVERY:       # fresh acceptance evidence
                     k_cap = self.k_max
                     if self._draft_now:                  # (a probe only counts if drafted)
                         self._undrafted = 0
@@ -838,8 +832,7 @@ class DASProposer:
         probe = False
         if not ks.any():
             self._undrafted += 1
-            if self._undrafted < PROBE_EVERY or not any(draft_caps.phase_budgets(
-                    step_ms, batch, [Q_BEST] * len(caps), caps.tolist())):
+            if self._undrafted < PROBE_EVERY:
                 self._log_phase(batch, context, q.tolist(), caps.tolist(), ks.tolist(), False)
                 return None
             # fresh acceptance evidence: the requests with the fewest drafts so far
