@@ -93,7 +93,7 @@ def test_rollout_func_trains_with_the_records_in_the_loss(das_llm):
 
     m, m_prime = 4, 8
     flags = {"darts": {"mode": "shortest"},
-             "duet": {"pattern": MARKER, "k1": 16, "k2": 32, "grace": 8, "eps": 0.5},
+             "duet": {"pattern": MARKER, "k1": 16, "k2": 96, "grace": 8, "eps": 0.05},
              "das": {}, "arrol": {"l_detect": 16}}
     seen = []
 
