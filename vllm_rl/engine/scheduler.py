@@ -331,8 +331,7 @@ class RLSchedulerMixin(TraceMixin):
         member.ended = True
         group = member.group
         if group is not None:
-            pooled = reason is Reason.DUET_ABORTED or not _tail(member)
-            self.rl_groups.record_end(member, reason.valid and pooled,
+            self.rl_groups.record_end(member, reason.valid and not _tail(member),
                                       request.num_output_tokens)
             rl = member.flags
             if (not group.stopped and group.full_at_step is None
