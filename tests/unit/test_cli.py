@@ -33,7 +33,7 @@ def test_unknown_subcommand_fails_with_the_list(capsys):
     ("bench", ("step", "train", "das", "das-batch", "arrol", "arrol-gate", "overhead",
                "--help")),
     ("bench step", ("--prompts", "--max-tokens", "--configs", "--gpu-limits", "--cost", "--out")),
-    ("bench train", ("--seeds", "--steps", "--eval-prompts", "--quick", "--workers")),
+    ("bench train", ("--seeds", "--steps", "--eval-prompts", "--quick", "--small", "--workers")),
     ("bench das", ("--epochs", "--configs")),
     ("bench das-batch", ("--sizes", "--repeats")),
     ("bench arrol", ("--l-detect", "--head-inputs")),

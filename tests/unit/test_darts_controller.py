@@ -436,6 +436,67 @@ def test_planner_chooses_the_total_with_the_batch_in_view():
     assert all(p.off and DartsPlanner.flags(p) == {} for p in full.plan(list(range(256))))
     with pytest.raises(ValueError, match="cost="):
         DartsPlanner(8, budget="cost", cost=None)
-    assert DartsPlanner(8).budget == "cost"                 # the default decides on cost
+    assert DartsPlanner(8).budget == "adaptive"             # the default: Eq. 8-9
     with pytest.raises(ValueError, match="'cost'"):
         DartsPlanner(8, budget=2.5)
+
+
+def test_planner_default_is_eq_8_9_with_lambda_calibrated_once():
+    """budget='adaptive' (the default): 1.5 MN at the cold start; on the first step with
+    lengths λ is calibrated so that Eq. 8 gives 1.5 MN; after that M_total = Eq. 9 of the
+    new ρ_t and k_t exactly (guard off), and it rises with the length spread."""
+    import random
+
+    from vllm_rl.cost import load_cost
+    from vllm_rl.darts import DartsPlanner
+    from vllm_rl.darts.budget import adaptive_budget, cost_slope
+
+    ids = list(range(16))
+    planner = DartsPlanner(8, max_tokens=512, guard=False)
+    assert planner.budget == "adaptive" and planner.lam is None
+    planner.plan(ids)
+    assert planner.last_budget == 1.5 and planner.metrics["darts/lambda"] == 0.0
+    rng = random.Random(0)
+    planner.observe({i: [int(rng.lognormvariate(5, 0.4)) for _ in range(12)] for i in ids})
+    plans = planner.plan(ids)
+    assert planner.lam > 0 and sum(p.n for p in plans) == 192          # 1.5 MN
+    lam = planner.lam
+    # a wider spread of lengths: ρ_t up, so the budget grows; λ stays
+    wide = {i: [int(rng.lognormvariate(5, 1.2)) + 1 for _ in range(12)] for i in ids}
+    planner.observe(wide)
+    plans = planner.plan(ids)
+    assert planner.lam == lam
+    recent = [x for v in wide.values() for x in v]
+    k = cost_slope(load_cost("h100").ptl(sum(recent) / len(recent) / 2), recent, 8, 16)
+    expected = adaptive_budget(planner.stats.rho(), lam, k, 8, 16)
+    assert sum(p.n for p in plans) == expected > 192
+    # a λ given by the user is used as is, from the first step with lengths
+    fixed = DartsPlanner(8, max_tokens=512, guard=False, lam=lam * 1000)
+    fixed.observe(wide)
+    assert sum(p.n for p in fixed.plan(ids)) == 128                    # clipped at MN
+    with pytest.raises(ValueError, match="lam"):
+        DartsPlanner(8, lam=0.0)
+
+
+def test_planner_guard_turns_redundancy_off_where_the_model_says_it_is_slower():
+    """With the guard (the default), a full batch whose groups run to the limit anyway
+    gets 1.0 MN (DARTS off) and the metrics say the guard decided; a small batch where
+    the long-tailed prompt saturates and stops early keeps Eq. 9's total; the cap
+    ``max_live`` is respected."""
+    from vllm_rl.darts import DartsPlanner
+
+    tail = {0: [90, 95, 100, 100, 100, 105, 110, 110, 115, 120, 120, 125],
+            1: [40, 50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 500]}
+    small = DartsPlanner(8, max_tokens=512)
+    small.observe(tail)
+    small.plan([0, 1])
+    assert small.last_budget > 1.0 and small.metrics["darts/cost_chosen"] == 0.0
+    heavy = {i: [10] * 4 + [512] * 8 for i in range(256)}
+    full = DartsPlanner(8, max_tokens=512)
+    full.observe(heavy)
+    full.plan(list(range(256)))
+    assert full.last_budget == 1.0 and full.metrics["darts/cost_chosen"] == 1.0
+    assert full.metrics["darts/off"] == 1.0
+    capped = DartsPlanner(8, max_tokens=512, guard=False, max_live=2100)
+    capped.observe({i: [int(10 + 40 * j) for j in range(12)] for i in range(256)})
+    assert sum(p.n for p in capped.plan(list(range(256)))) <= 2100

@@ -47,7 +47,7 @@ EXTRA = ("darts-shortest", "das-off")      # ablations: uniform M' = 2M shortest
 
 
 def _budget(text: str) -> float | str:
-    return text if text == "cost" else float(text)
+    return text if text in ("adaptive", "cost") else float(text)
 
 
 def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
@@ -61,11 +61,12 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
     ap.add_argument("--m", type=int, default=8, help="training group size M (default 8)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--l-detect", type=int, default=24, help="ARRoL's l_detect (default 24)")
-    ap.add_argument("--darts-budget", type=_budget, default="cost",
-                    help="DARTS's total redundancy, x M N in [1, 2] (App. B's typical: "
-                         "1.5), or 'cost' (the default): the multiple the step-cost model "
-                         "(--cost) predicts cheapest for the step at its batch size, "
-                         "1.5 before lengths are known (DartsPlanner)")
+    ap.add_argument("--darts-budget", type=_budget, default="adaptive",
+                    help="DARTS's total redundancy: 'adaptive' (the default: App. B's "
+                         "Eq. 8-9 on the step-cost model --cost, lambda calibrated to "
+                         "1.5 M N on the first step with lengths, off where the model "
+                         "predicts redundancy slower), 'cost' (the multiple the model "
+                         "predicts cheapest), or x M N in [1, 2] fixed (DartsPlanner)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="interleaved repeats; the table gives medians (default 1)")
     ap.add_argument("--gpu-limits", action="store_true",
@@ -205,8 +206,9 @@ def previous_steps(rl, prompts: list[str], args, planner, feedback, plain=None) 
                   for i, p in enumerate(prompts)]
         outs = rl.generate(prompts, params, use_tqdm=False)
         infos, rewards, groups = [], [], []
+        planner.observe({prompt: [len(c.token_ids) for c in out.outputs]
+                         for prompt, out in zip(prompts, outs)})
         for prompt, out in zip(prompts, outs):
-            planner.observe({prompt: [len(c.token_ids) for c in out.outputs]})
             for c in out.outputs:
                 infos.append(c.rollout_info)
                 rewards.append(reward(prompt, c.text))

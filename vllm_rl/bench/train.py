@@ -5,7 +5,8 @@ process (:class:`vllm_rl.integrations.trl.rollout.RolloutFunc`, the trainer's we
 engine every step), one run per (configuration, seed), every run from the same model:
 
 * ``stock``: stock vLLM (its own scheduler) and plain GRPO, M samples per prompt;
-* ``darts``: DARTS Alg. 1 + 2 (per-prompt M'_i in [M, 2M] for a 1.5 MN budget; dual-end
+* ``darts``: DARTS Alg. 1 + 2 (per-prompt M'_i in [M, 2M] for App. B's Eq. 8-9 total,
+  1.5 MN on the first steps, with the step-cost guard: ``DartsPlanner``; dual-end
   K = M − 1, L = 1, shortest-only with early stop where the allocation saturates);
 * ``duet``: DUET's marker gate with eps-keep (eps = 0.05, G scaled to ``max_tokens`` as
   150 of 3,072, K1/K2 the engine's online natural-length estimate, App. A.3), the group
@@ -66,21 +67,23 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vllm-rl bench train", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n", 1)[0] + "\n\n" + __doc__.split("\n\n", 1)[1])
-    ap.add_argument("--configs", default=",".join(CONFIGS),
-                    help=f"comma-separated, among {', '.join(CONFIGS)} (stock always runs)")
+    ap.add_argument("--configs", default="all",
+                    help=f"comma-separated, among {', '.join(CONFIGS)} (stock always runs; "
+                         "default: the four together, all)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration (default 3)")
     ap.add_argument("--steps", type=int, default=40, help="GRPO steps per run (default 40)")
-    ap.add_argument("--prompts", type=int, default=4,
-                    help="prompts per step (default 4: the default run fits an hour on 2 cores)")
+    ap.add_argument("--prompts", type=int, default=16,
+                    help="prompts per step (default 16: 128 samples per step)")
     ap.add_argument("--m", type=int, default=8, help="samples per prompt in the loss, M")
-    ap.add_argument("--pool", type=int, default=96,
-                    help="training prompts, cycled (default 96: 1.7 epochs in 40 steps of 4)")
-    ap.add_argument("--max-tokens", type=int, default=192,
-                    help="generation cap, training and held-out (default 192, 3.5x the mean "
-                         "length: a CPU engine step is overhead-bound, so a run's time goes "
-                         "with its longest sample)")
+    ap.add_argument("--pool", type=int, default=256,
+                    help="training prompts, cycled (default 256: 2.5 epochs in 40 steps "
+                         "of 16)")
+    ap.add_argument("--max-tokens", type=int, default=256,
+                    help="generation cap, training and held-out (default 256, about 4x the "
+                         "mean length)")
     ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--eval-every", type=int, default=5,
+                    help="held-out accuracy every this many steps (default 5)")
     ap.add_argument("--eval-prompts", type=int, default=64)
     ap.add_argument("--eval-samples", type=int, default=8)
     ap.add_argument("--heldout-seed", type=int, default=None,
@@ -98,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="bench-results", help="folder for JSON, PNG, vllm.log")
     ap.add_argument("--resume", action="store_true",
                     help="reuse the runs already in --out/runs from the same arguments")
+    ap.add_argument("--small", action="store_true",
+                    help="the earlier preset: every configuration, 4 prompts x 8, max_tokens "
+                         "192, a pool of 96, accuracy every 10 steps (about an hour here)")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: stock and all, 1 seed, 2 steps, 8 held-out prompts "
                          "x 2, one worker (about two minutes)")
@@ -608,6 +614,9 @@ def _finished(out: Path, name: str, seed: int, args) -> dict | None:
 def main(argv: list[str] | None = None) -> None:
     ap = parser()
     args = ap.parse_args(argv)
+    if args.small:
+        args.configs, args.prompts, args.max_tokens = ",".join(CONFIGS), 4, 192
+        args.pool, args.eval_every = 96, 10
     if args.quick:
         args.configs, args.seeds, args.steps, args.eval_every = "stock,all", 1, 2, 1
         args.eval_prompts, args.eval_samples, args.workers, args.prompts = 8, 2, 1, 2

@@ -9,8 +9,9 @@ Each step the trainer (DARTS paper, Sec. 4.2-4.3.1, App. B-D):
 3. picks each prompt's sampling mode (Alg. 2, line 3): shortest-only with proactive
    early stop when the prompt's budget saturates at ``M_up = 2M``, else dual-end.
 
-:class:`DartsPlanner` does the three every step (a fixed budget share, the default the
-integrations use); :func:`plan` is the same with Eq. 9's adaptive budget.  Each
+:class:`DartsPlanner` does the three every step (by default Eq. 8-9's adaptive total, λ
+calibrated once, with a step-cost guard: the planner the integrations use); :func:`plan`
+is one step of Eq. 9 with a given λ and cost slope.  Each
 :class:`PromptPlan`'s :meth:`~PromptPlan.rl_params` is the ``extra_args`` of the request
 carrying the group.  Everything here is pure Python (stdlib only) and deterministic.
 """
@@ -315,23 +316,28 @@ class DartsPlanner:
     Keeps each prompt's smoothed length variance (:class:`LengthStats`, Sec. 4.2.2) and,
     for a step's prompts,
 
-    1. sets the total redundancy ``M_total = round(budget * M * N)``.  The default,
-       ``budget="cost"``, decides it on a step-cost model (``cost``: the shipped H100
-       table by default, any :func:`vllm_rl.cost.load_cost` spec): the multiple of MN
-       among ``candidates`` whose plan the model predicts cheapest for the whole step,
-       from each prompt's last lengths (:func:`.budget.choose_budget`: Eq. 4 priced at
-       the batch still running, so the batch size is in view; a dual-end group runs all
-       its samples and only a saturated one stops early; the mean over
-       :data:`.budget.DRAWS` seeded draws of the step, so the chance that some group
-       never gets M valid samples is priced).  Redundant samples cost a wider batch and
-       pay only through the groups that stop early, so on a full batch, or where some
-       group runs to the limit anyway, 1.0 MN (no redundancy) wins and DARTS is off for
-       the step.  1.5 MN (App. B's typical value) is the cold start while a prompt of the
-       step has no lengths yet.  With ``max_live`` (the engine's ``max_num_seqs``) no
-       candidate whose samples would not all run at once (redundant samples that queue
-       lengthen the step: Eq. 4 prices them as running), 1.0 MN always allowed.  A
-       number in [1, 2] fixes the multiple (forced on: DARTS runs whatever it costs);
-       :func:`adaptive_budget` gives Eq. 8-9's when a cost slope is known,
+    1. sets the total redundancy ``M_total``.  The default, ``budget="adaptive"``, is App.
+       B's (Eq. 8-9): M_total = clip(⌊ρ_t / (λ k_t)⌋, MN, 2MN), with ρ_t = σ̃_L / L̃ the
+       dataset-level EMAs of the lengths (:meth:`LengthStats.rho`, Eq. 7) and k_t the
+       slope of Eq. 6's cost line, fitted on the step-cost model's PTL (``cost``: the
+       shipped H100 table by default, any :func:`vllm_rl.cost.load_cost` spec) over the
+       last step's lengths at this step's N (:func:`.budget.cost_slope`).  The paper
+       gives no λ; unless ``lam`` is given it is calibrated once, on the first step with
+       lengths, so that this step's M_total is App. B's observed mean 1.5 MN
+       (:func:`.budget.lambda_for_budget`); after that the total follows ρ_t / k_t.
+       1.5 MN (:attr:`COLD_BUDGET`) is the cold start, the first step only.  One guard
+       on top (``guard=True``, the default): where the step-cost model predicts the
+       plan's step slower than the same step with no redundancy
+       (:func:`.budget.choose_budget` of the two: Eq. 4 at the batch still running, a
+       dual-end group running all its samples, a saturated one stopping at its M-th
+       valid end, the mean over :data:`.budget.DRAWS` seeded draws; prompts not seen
+       yet take the last step's pooled lengths), the step runs at 1.0 MN: DARTS is off
+       for it, as on a full batch.  With ``max_live`` (the engine's ``max_num_seqs``)
+       a total whose samples would not all run at once is cut to the most that do.
+       ``budget="cost"`` instead picks the cheapest multiple of MN among
+       ``candidates`` on the same model (faster at small batches, but not the paper's
+       total); a number in [1, 2] fixes the multiple (forced on: DARTS runs whatever it
+       costs); :func:`adaptive_budget` is Eq. 8-9 alone,
     2. splits it with Alg. 1 over ``[M_low, M_up] = [M, 2M]`` by the normalised std
        (:func:`allocate`),
     3. gives each prompt Alg. 2's mode: dual-end (K = M − 1 shortest + L = 1 longest
@@ -352,29 +358,36 @@ class DartsPlanner:
 
     COLD_BUDGET = 1.5       # App. B's typical M_total / (M N): before lengths are known
     CANDIDATES = (1.0, 1.25, 1.5, 1.75, 2.0)
+    MODES = ("adaptive", "cost")
 
-    def __init__(self, M: int, budget: float | str = "cost", K: int | None = None,
+    def __init__(self, M: int, budget: float | str = "adaptive", K: int | None = None,
                  stats: LengthStats | None = None, cost: Any = "h100",
                  max_tokens: int | None = None,
                  candidates: Sequence[float] = CANDIDATES, max_live: int | None = None,
-                 seed: int = 0) -> None:
-        if budget == "cost":
+                 seed: int = 0, lam: float | None = None, guard: bool = True) -> None:
+        if budget in self.MODES:
             if cost is None:
-                raise ValueError("DartsPlanner budget='cost' needs a step-cost model (cost=)")
+                raise ValueError(f"DartsPlanner budget={budget!r} needs a step-cost model "
+                                 "(cost=)")
             from vllm_rl.cost import load_cost
 
             self.cost = load_cost(cost)
         elif not (isinstance(budget, (int, float)) and 1.0 <= budget <= 2.0):
             raise ValueError(f"DartsPlanner budget={budget!r}: allowed a float in [1, 2] "
-                             "(M_total / (M N), Eq. 9's range) or 'cost'")
+                             "(M_total / (M N), Eq. 9's range), 'adaptive' or 'cost'")
+        if lam is not None:
+            lam = _check_real("lam", lam, lo=0.0, strict=True)
         if not candidates or not all(1.0 <= c <= 2.0 for c in candidates):
             raise ValueError(f"DartsPlanner candidates={candidates!r}: floats in [1, 2]")
-        self.M, self.budget = int(M), budget if budget == "cost" else float(budget)
+        self.M = int(M)
+        self.budget = budget if budget in self.MODES else float(budget)
+        self.lam, self.guard = lam, bool(guard)         # λ of Eq. 8 (None: calibrated)
         self.K = self.M - 1 if K is None else int(K)
         self.stats = stats or LengthStats()
         self.max_tokens, self.candidates = max_tokens, tuple(candidates)
         self.max_live, self.seed = max_live, int(seed)
         self._last: dict[Hashable, list[int]] = {}    # each prompt's last lengths
+        self._recent: list[int] = []                  # the last step's pooled lengths
         self._steps = 0
         self.last_budget: float | None = None         # the multiple of MN the last plan used
         self.metrics: dict[str, float] = {}           # what the last plan did
@@ -388,19 +401,12 @@ class DartsPlanner:
         ids = list(prompt_ids)
         m_up = 2 * self.M
         budget, chosen = self.budget, 0.0
-        if budget == "cost":
+        if budget == "adaptive":
+            budget, chosen = self._adaptive(ids)
+        elif budget == "cost":
             budget = self.COLD_BUDGET
             if ids and all(pid in self._last for pid in ids):
-                from vllm_rl.darts.budget import DRAWS, choose_budget
-
-                lengths = [self._last[pid] for pid in ids]
-                context = statistics.fmean(x for ls in lengths for x in ls) / 2
-                fits = [b for b in self.candidates if self.max_live is None
-                        or b == 1.0 or round(b * self.M * len(ids)) <= self.max_live]
-                budget, counts, _ = choose_budget(
-                    fits or [1.0], lambda b: self._counts(ids, b), lengths, self.M,
-                    self.cost.ptl(context), self.max_tokens, m_up=m_up, draws=DRAWS,
-                    seed=self.seed + self._steps)
+                budget = self._cheapest(ids, self._fits(ids, self.candidates))[0]
                 chosen = 1.0
         self._steps += 1
         self.last_budget = budget
@@ -409,10 +415,54 @@ class DartsPlanner:
                  for pid, m in zip(ids, counts)]
         off = sum(p.off for p in plans)
         self.metrics = {"darts/budget": float(budget), "darts/cost_chosen": chosen,
+                        "darts/lambda": float(self.lam or 0.0),
                         "darts/prompts_off": float(off),
                         "darts/off": float(bool(plans) and off == len(plans)),
                         "darts/redundant": float(sum(counts))}
         return plans
+
+    def _fits(self, ids: list, budgets: Iterable[float]) -> list[float]:
+        """The budgets whose samples all run at once (``max_live``); 1.0 always."""
+        return [b for b in budgets if self.max_live is None or b == 1.0
+                or round(b * self.M * len(ids)) <= self.max_live] or [1.0]
+
+    def _cheapest(self, ids: list, budgets: Sequence[float]) -> tuple[float, float]:
+        """The budget among ``budgets`` whose plan the step-cost model predicts cheapest
+        (:func:`.budget.choose_budget`), with its predicted cost; a prompt with no
+        lengths yet takes the last step's pooled ones."""
+        from vllm_rl.darts.budget import DRAWS, choose_budget
+
+        lengths = [self._last.get(pid) or self._recent for pid in ids]
+        context = statistics.fmean(x for ls in lengths for x in ls) / 2
+        budget, _, cost = choose_budget(
+            budgets, lambda b: self._counts(ids, b), lengths, self.M, self.cost.ptl(context),
+            self.max_tokens, m_up=2 * self.M, draws=DRAWS, seed=self.seed + self._steps)
+        return budget, cost
+
+    def _adaptive(self, ids: list) -> tuple[float, float]:
+        """Eq. 8-9's total as a multiple of MN (see the class docstring), and whether the
+        cost guard decided it (1.0) or not (0.0)."""
+        from vllm_rl.darts.budget import adaptive_budget, cost_slope, lambda_for_budget
+
+        rho = self.stats.rho()
+        if not ids or not self._recent or rho <= 0.0:
+            return self.COLD_BUDGET, 0.0
+        n, mn = len(ids), self.M * len(ids)
+        ptl = self.cost.ptl(statistics.fmean(self._recent) / 2)
+        k = cost_slope(ptl, self._recent, self.M, n)
+        if k <= 0.0:                       # extra samples cost nothing: Eq. 8's M̄* = ∞
+            total = 2 * mn
+        else:
+            if self.lam is None:           # App. B's mean 1.5 MN at the first known step
+                self.lam = lambda_for_budget(rho, k, self.COLD_BUDGET * mn)
+            total = adaptive_budget(rho, self.lam, k, self.M, n)
+        budget = total / mn
+        if self.max_live is not None and total > self.max_live:
+            budget = max(1.0, math.floor(self.max_live / n) / self.M)
+        if not self.guard or budget == 1.0:
+            return budget, 0.0
+        best = self._cheapest(ids, [1.0, budget])[0]
+        return best, float(best != budget)
 
     @staticmethod
     def flags(plan: PromptPlan) -> dict:
@@ -427,3 +477,5 @@ class DartsPlanner:
         step = {k: list(v) for k, v in lengths_by_prompt.items() if v}
         self.stats.update_step(step)
         self._last.update(step)
+        if step:
+            self._recent = [x for v in step.values() for x in v]
