@@ -125,7 +125,7 @@ def test_feedback_labels_what_each_sample_earned_and_gates_on_heldout_auc():
     once the engine's own (held-out) scores rank >= auc_gate within groups; the
     calibration holds only those out-of-sample scores."""
     fb = ArrolFeedback({"l_detect": 8}, inputs="trace", hidden_size=8, cold_start_steps=2,
-                       gate_min=16, epochs=5)
+                       gate_min=16, epochs=5, balance_gate=False)
     g = torch.Generator().manual_seed(1)
     opened = []
     for step in range(4):
@@ -151,6 +151,62 @@ def test_feedback_labels_what_each_sample_earned_and_gates_on_heldout_auc():
     assert opened == [False, True, True, True]
     assert fb.metrics["arrol/heldout_auc"] > 0.9
     assert fb.metrics["arrol/calibration_samples"] == 75         # head versions 1-3 only
+
+
+def test_balance_gain_is_positive_only_where_steering_helps():
+    """balance_gain: Eq. 2 prunes the likelier-correct harder, so with a head that ranks
+    perfectly, mostly-correct groups come closer to rho (gain > 0), groups that straddle
+    rho go farther (gain < 0), and keeping every sample (p = 1) changes nothing."""
+    from vllm_rl.arrol.measures import balance_gain
+
+    def groups(share, n=16, count=20):
+        y = [1] * round(share * n) + [0] * (n - round(share * n))
+        return y * count, [k for k in range(count) for _ in range(n)]
+
+    y, g = groups(0.875)
+    p = [0.2 if v else 0.8 for v in y]                    # a perfect head, E[p] = kappa
+    easy = balance_gain(p, y, [1.0] * len(y), g, 0.5, seed=1)
+    assert easy["gain"] > 0.1 and easy["groups"] == 20
+    assert abs(easy["stock"] - 0.375) < 1e-12
+    y, g = groups(0.5)
+    p = [0.2 if v else 0.8 for v in y]
+    assert balance_gain(p, y, [1.0] * len(y), g, 0.5, seed=1)["gain"] < -0.1
+    assert balance_gain([1.0] * len(y), y, [1.0] * len(y), g, 0.5)["gain"] == 0.0
+    # weights: a survivor stands for 1/p samples of its group
+    w = balance_gain([1.0] * 4, [1, 0, 0, 0], [3.0, 1.0, 1.0, 1.0], [0] * 4, 0.5)
+    assert w["stock"] == 0.0
+    assert balance_gain([0.5], [1], [1.0], [0], 0.5) is None     # no group of two
+    with pytest.raises(ValueError, match="length"):
+        balance_gain([0.5, 0.5], [1], [1.0], [0], 0.5)
+
+
+def test_feedback_gate_opens_only_where_steering_brings_groups_closer_to_rho():
+    """The balance test of the gate, on held-out scores from a head that ranks perfectly:
+    mostly-correct groups (7 of 8) open it, groups at 4 of 8 keep it shut; the metrics
+    carry the test's figures."""
+    def run(correct):
+        fb = ArrolFeedback({"l_detect": 8}, inputs="trace", hidden_size=8,
+                           cold_start_steps=0, gate_min=16, epochs=2)
+        opened = []
+        for step in range(3):
+            infos, rewards, groups = [], [], []
+            for k in range(32):
+                y = (k % 8) < correct
+                x = 1.0 + 0.01 * k if y else -1.0 - 0.01 * k
+                info, r = _scored(R.EOS, (x, x, x), y, version=step + 1)
+                infos.append(info)
+                rewards.append(r)
+                groups.append(k // 8)
+            update = fb.observe(infos, rewards, groups)
+            opened.append(not update["cold_start"])
+        return opened, fb.metrics
+
+    opened, metrics = run(7)
+    assert opened[-1] and metrics["arrol/balance_gain"] > 0
+    assert metrics["arrol/heldout_auc"] > 0.9
+    opened, metrics = run(4)
+    assert not any(opened) and metrics["arrol/balance_gain"] < 0
+    assert metrics["arrol/gate_open"] == 0.0 and metrics["arrol/heldout_auc"] > 0.9
 
 
 def test_within_group_auc_ignores_ranking_across_prompts():

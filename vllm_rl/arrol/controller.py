@@ -29,17 +29,27 @@ route, ``RLHttpServer.arrol_update``):
    Re-scoring the buffer with the head just fitted on it would make q over-confident on
    fresh samples, and E[p] ≠ κ.
 4. **The pruning gate**: the engine prunes only after the cold start (Sec. 5: 20 steps;
-   Table 7) *and* once the head has shown it can rank *within a group*: its held-out
-   within-group AUC (:func:`~vllm_rl.arrol.measures.grouped_auc`: pairs of samples of the
-   same prompt only, as Eq. 2 steers within a group; pooled across prompts, an AUC also
-   credits telling easy prompts from hard ones) ≥ ``auc_gate`` (:data:`AUC_GATE` by
-   default; ``vllm-rl bench arrol-gate`` measures where steering helps on a model's own
-   groups; ``auc_gate=None``: the cold start alone, as in the paper).  Held out means prequential: each record's score came from
-   the head the engine had when the sample ran, trained only on earlier steps, so the
-   AUC of those scores against the new labels (inverse-propensity weighted, over the
-   last ``gate_window`` labels) is an out-of-sample measure of the head the engine is
-   actually using.  While the gate is shut the update says ``cold_start=True``: the
-   engine scores and records, never prunes.
+   Table 7) and once both hold on the held-out window (the last ``gate_window`` labels
+   whose scores came from a trained head):
+   - the head ranks *within a group*: its within-group AUC
+     (:func:`~vllm_rl.arrol.measures.grouped_auc`: pairs of samples of the same prompt
+     only, as Eq. 2 steers within a group; pooled across prompts an AUC also credits
+     telling easy prompts from hard ones) ≥ ``auc_gate`` (:data:`AUC_GATE`; None: no
+     floor);
+   - steering helps (``balance_gate=True``, the default): with the calibration about to
+     be pushed, Eq. 2's coins would bring the window's groups closer to ρ than keeping
+     every sample (:func:`~vllm_rl.arrol.measures.balance_gain` > 0: the mean over
+     groups of |ρ_g − ρ| minus E|ρ̂_g − ρ|, inverse-propensity weighted).  This is the
+     criterion ``vllm-rl bench arrol-gate`` measures, taken on the user's own recent
+     groups rather than fixed as an AUC: on the embedded model no within-group AUC
+     passes it (its groups straddle ρ, and Eq. 2 with E[p] = κ prunes the
+     likelier-correct harder), so there ARRoL scores and never prunes.
+   ``auc_gate=None, balance_gate=False``: the cold start alone, as in the paper.  Held
+   out means prequential: each record's score came from the head the engine had when the
+   sample ran, trained only on earlier steps, so the AUC and the balance of those scores
+   against the new labels are out-of-sample measures of the head the engine is actually
+   using.  While the gate is shut the update says ``cold_start=True``: the engine scores
+   and records, never prunes.
 
 Beyond the paper, the head can read the sample's **trace features** at ``l_detect``
 (``inputs="trace"`` or ``"both"``, the default; see :class:`~vllm_rl.arrol.head.QualityHead`):
@@ -53,7 +63,8 @@ before :meth:`ArrolFeedback.observe` with the ``arrol_hidden`` RPC
 trainer and OpenRLHF's actor do it).  A record that names one it does not hold is left
 out and counted (``arrol/hidden_missing``).
 
-:attr:`ArrolFeedback.metrics` holds the step's figures (held-out AUC, gate, labels).
+:attr:`ArrolFeedback.metrics` holds the step's figures (held-out AUC, the balance test,
+gate, labels).
 """
 from __future__ import annotations
 
@@ -65,18 +76,22 @@ import torch
 
 from vllm_rl.arrol.calibration import CalibrationBuffer, ColdStart
 from vllm_rl.arrol.head import HEAD_INPUTS, HeadTrainer, QualityHead
-from vllm_rl.arrol.measures import grouped_auc, weighted_auc
+from vllm_rl.arrol.measures import balance_gain, grouped_auc, weighted_auc
+from vllm_rl.arrol.rule import posterior, survival
 from vllm_rl.flags import KEY, read
 from vllm_rl.outcome import Reason, RolloutInfo
 
 CALIBRATION_FLAGS = ("kappa", "rho", "lam", "p_min", "p_max")
 LABELLED = (Reason.EOS, Reason.STOP, Reason.LENGTH, Reason.DUET_TRIMMED,
             Reason.DARTS_CANCELLED)
-# The gate's default: the value of the earlier runs.  `vllm-rl bench arrol-gate` on the
-# embedded model found no within-group AUC at which Eq. 2's steering brings the groups
-# closer to rho than keeping every sample (its groups straddle rho, and Eq. 2 always
-# prunes the likelier-correct harder: rule.survival); docs/benchmarks.md has the figures.
+# The gate's ranking floor.  `vllm-rl bench arrol-gate` on the embedded model found no
+# within-group AUC at which Eq. 2's steering brings the groups closer to rho than keeping
+# every sample (its groups straddle rho, and Eq. 2 always prunes the likelier-correct
+# harder: rule.survival), so no AUC can be the whole gate: the balance test
+# (measures.balance_gain, on the user's own recent groups) decides, and this floor only
+# keeps a head that barely ranks from steering on a lucky window (docs/benchmarks.md).
 AUC_GATE = 0.65
+BALANCE_DRAWS = 256
 
 
 def label_weight(info: RolloutInfo, max_weight: float) -> float:
@@ -90,7 +105,7 @@ def label_weight(info: RolloutInfo, max_weight: float) -> float:
 
 
 class ArrolFeedback:
-    """Head fitting, calibration, cold start and the AUC gate across steps (module
+    """Head fitting, calibration, cold start and the pruning gate across steps (module
     docstring).  ``arrol_flags`` are the requests' ``arrol`` flags (κ, ρ, λ, p_min, p_max
     of the calibration); ``hidden_size`` is the model's (needed for a trace-only head when
     no hidden state comes back)."""
@@ -98,7 +113,7 @@ class ArrolFeedback:
     def __init__(self, arrol_flags: dict[str, Any] | None = None, *, inputs: str = "both",
                  hidden_size: int | None = None, width: int = 128,
                  cold_start_steps: int = 20, auc_gate: float | None = AUC_GATE,
-                 gate_window: int = 256,
+                 balance_gate: bool = True, gate_window: int = 256,
                  gate_min: int = 64, window: int = 2048, epochs: int = 20, lr: float = 1e-3,
                  weight_decay: float = 1e-2, max_weight: float = 20.0, seed: int = 0) -> None:
         if inputs not in HEAD_INPUTS:
@@ -110,6 +125,7 @@ class ArrolFeedback:
         self.calibration_flags = {k: getattr(arrol, k) for k in CALIBRATION_FLAGS}
         self.inputs, self.hidden_size, self.width = inputs, hidden_size, width
         self.auc_gate, self.gate_min, self.epochs = auc_gate, gate_min, epochs
+        self.balance_gate = bool(balance_gate)
         self.lr, self.weight_decay, self.max_weight, self.seed = lr, weight_decay, max_weight, seed
         self.cold = ColdStart(cold_start_steps)
         self.calibration = CalibrationBuffer(window=window)
@@ -161,11 +177,15 @@ class ArrolFeedback:
         heldout, pooled = self._heldout_auc()
         cold = self.cold.active
         ranks = self.auc_gate is None or (heldout is not None and heldout >= self.auc_gate)
-        self.gate_open = not cold and ranks
-        calibration = None
-        if self.gate_open:
+        calibration, balance = None, None
+        if not cold and ranks:
             calibration = self.calibration.calibration(**self.calibration_flags,
                                                        auc=heldout)
+            if self.balance_gate:
+                balance = self._balance(calibration)
+                if balance is None or balance["gain"] <= 0.0:
+                    calibration = None          # steering would not help: score only
+        self.gate_open = calibration is not None
         self.version += 1
         labels = [y for _, _, y, _ in self.buffer]
         self.metrics = {"arrol/labels": float(len(rows)), "arrol/buffer": float(len(labels)),
@@ -175,6 +195,7 @@ class ArrolFeedback:
                         else float("nan"),
                         "arrol/calibration_samples": float(len(self.calibration)),
                         "arrol/gate_open": float(self.gate_open),
+                        **{f"arrol/balance_{k}": v for k, v in (balance or {}).items()},
                         "arrol/cold_start": float(cold),
                         "arrol/positive_share": sum(labels) / len(labels)}
         return {"head": self.head.export(self.version),
@@ -210,6 +231,18 @@ class ArrolFeedback:
         self.trainer.fit(hidden, labels, epochs=self.epochs, batch_size=128, generator=gen,
                          features=features, weights=weights)
 
+    def _balance(self, calibration) -> dict[str, float] | None:
+        """:func:`~vllm_rl.arrol.measures.balance_gain` of the held-out window under
+        ``calibration`` (each sample's p by Eq. 2 from its recorded score)."""
+        if len(self.heldout) < self.gate_min:
+            return None
+        f = self.calibration_flags
+        s, y, w, g = zip(*self.heldout)
+        p = [survival(posterior(calibration, v), calibration.delta, f["kappa"], f["rho"],
+                      f["lam"], f["p_min"], f["p_max"]) for v in s]
+        return balance_gain(p, y, w, g, f["rho"], draws=BALANCE_DRAWS,
+                            seed=self.seed + self.version)
+
     def _heldout_auc(self) -> tuple[float | None, float | None]:
         """The held-out AUC within groups (the gate's) and pooled across them."""
         if len(self.heldout) < self.gate_min:
@@ -220,4 +253,4 @@ class ArrolFeedback:
         return grouped_auc(s, y, w, g), weighted_auc(s, y, w)
 
 
-__all__ = ["AUC_GATE", "ArrolFeedback", "label_weight", "LABELLED"]
+__all__ = ["AUC_GATE", "ArrolFeedback", "BALANCE_DRAWS", "label_weight", "LABELLED"]

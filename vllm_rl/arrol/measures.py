@@ -1,7 +1,8 @@
 """How well a score ranks outcomes, and ARRoL's test-time voting (Sec. 4.4, Fig. 2).
 
 :func:`spearman`, :func:`auc`, :func:`weighted_auc` and :func:`grouped_auc` (within
-prompts) against correctness;
+prompts) against correctness; :func:`balance_gain` (whether Eq. 2's steering brings groups
+closer to ρ than keeping every sample: the pruning gate's test);
 :func:`trace_confidence` (the DeepConf-style baseline of Fig. 2); :func:`rank_weights` /
 :func:`weighted_vote` (Sec. 4.4).
 """
@@ -153,5 +154,56 @@ def grouped_auc(scores: Sequence[float], labels: Sequence[int], weights: Sequenc
     return num / den if den > 0 else None
 
 
-__all__ = ["auc", "grouped_auc", "rank_weights", "spearman", "trace_confidence",
+
+def balance_gain(survival: Sequence[float], labels: Sequence[int],
+                 weights: Sequence[float], groups: Sequence[Hashable], rho: float,
+                 draws: int = 256, seed: int = 0) -> dict[str, float] | None:
+    """How much closer to ρ ARRoL's coins bring the groups than keeping every sample.
+
+    Each sample has its survival probability p (Eq. 2), its label y (reward > 0), its
+    inverse-propensity weight w (it stands for w samples of the full group: 1/p where an
+    earlier coin let it through) and its group.  Per group with at least two samples,
+    stock's distance is |ρ_g − ρ| with ρ_g = Σ w y / Σ w, the group's share of correct
+    samples, every sample kept; ARRoL's is E|ρ̂_g − ρ| over ``draws`` seeded draws of the
+    coins (Alg. 1 l.19), ρ̂_g = Σ c w y / Σ c w of the kept (0 where none is kept).  The
+    gain is the mean over groups of stock's distance minus ARRoL's: > 0 where steering
+    helps the balance the paper aims at (Sec. 4.2: "the kept rollouts have a controlled
+    positive ratio close to ρ"), ≤ 0 where the groups are farther from ρ after pruning,
+    as on groups that straddle ρ, since Eq. 2 with E[p] = κ prunes the likelier-correct
+    harder (:func:`vllm_rl.arrol.rule.survival`) and every coin adds noise.  This is the
+    measure of ``vllm-rl bench arrol-gate``, on a model's own recent groups.
+
+    Returns ``{"gain", "stock", "steered", "groups"}``, or None with no group of two.
+    """
+    p = np.clip(_finite("survival", survival), 0.0, 1.0)
+    y = _finite("labels", labels)
+    w = _finite("weights", weights)
+    if not (len(p) == len(y) == len(w) == len(groups)):
+        raise ValueError("balance_gain: survival, labels, weights and groups differ in length")
+    index: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(groups):
+        index.setdefault(g, []).append(i)
+    members = [np.array(ix) for ix in index.values() if len(ix) >= 2]
+    if not members:
+        return None
+    gid = np.concatenate([np.full(len(ix), k) for k, ix in enumerate(members)])
+    order = np.concatenate(members)
+    p, y, w = p[order], y[order], w[order]
+    n = len(members)
+    total = np.bincount(gid, weights=w, minlength=n)
+    share = np.bincount(gid, weights=w * y, minlength=n) / np.where(total > 0, total, 1.0)
+    stock = np.abs(share - rho)
+    rng = np.random.default_rng(seed)
+    kept = (rng.random((draws, len(p))) < p) * w                     # (draws, samples)
+    k_all = np.zeros((draws, n))
+    k_pos = np.zeros((draws, n))
+    np.add.at(k_all.T, gid, kept.T)
+    np.add.at(k_pos.T, gid, (kept * y).T)
+    kept_share = np.divide(k_pos, k_all, out=np.zeros_like(k_pos), where=k_all > 0)
+    steered = np.abs(kept_share - rho).mean(axis=0)
+    return {"gain": float((stock - steered).mean()), "stock": float(stock.mean()),
+            "steered": float(steered.mean()), "groups": float(n)}
+
+
+__all__ = ["auc", "balance_gain", "grouped_auc", "rank_weights", "spearman", "trace_confidence",
            "weighted_auc", "weighted_vote"]
