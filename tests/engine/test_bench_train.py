@@ -68,6 +68,26 @@ def test_summary_reports_time_to_stock_final_and_ratios():
     assert al["delta_lo"] < 0.04 < al["delta_hi"] and st["delta"] == 0.0
 
 
+def test_speedup_at_equal_accuracy_per_seed_and_its_interval():
+    """Stock's time to a level over the configuration's, per seed; over seeds the
+    geometric mean with a t-interval on the log scale (positive; 2x and 0.5x cancel)."""
+    import math
+
+    def run(name, seed, accs, h100):
+        steps = [{"step": i + 1, "h100_s": h100, "h100_host_s": h100, "heldout": a}
+                 for i, a in enumerate(accs)]
+        return {"config": name, "seed": seed, "heldout_start": 0.5, "steps": steps}
+
+    stock = [run("stock", s, [0.6, 0.7], 1.0) for s in range(2)]
+    fast = [run("all", 0, [0.7, 0.7], 0.5), run("all", 1, [0.55, 0.6, 0.65, 0.7], 1.0)]
+    sp = train.speedups(stock, fast, 0.7, "h100_host_s")
+    assert sp["per_seed"] == {0: pytest.approx(4.0), 1: pytest.approx(0.5)}
+    assert sp["mean"] == pytest.approx(math.sqrt(2.0))                 # geometric
+    assert 0 < sp["lo"] < sp["mean"] < sp["hi"]
+    assert math.log(sp["hi"] / sp["mean"]) == pytest.approx(math.log(sp["mean"] / sp["lo"]))
+    assert train.speedups(stock, fast, 0.9, "h100_host_s")["seeds_reached"] == 0
+
+
 def test_summary_host_counted_totals_and_runs_without_them():
     def run(name, host):
         row = {"step": 1, "h100_s": 1.0, "tokens": 100, "engine_steps": 10,

@@ -5,8 +5,10 @@
 ARRoL prunes each group toward a share ρ of correct samples (Eq. 2).  A head that ranks
 too poorly *within* a group (the ranking Eq. 2 uses: :func:`vllm_rl.arrol.grouped_auc`)
 leaves the kept groups farther from ρ than keeping every sample, as stock vLLM does.
-This measures where that turns, on the embedded model's own groups, and
-:data:`vllm_rl.arrol.controller.AUC_GATE` is set from it:
+This measures where that turns, on the embedded model's own groups (on that model: at no
+AUC, so the trainer's gate tests the same balance on the user's own recent groups,
+:func:`vllm_rl.arrol.measures.balance_gain`, with :data:`vllm_rl.arrol.controller.AUC_GATE`
+only a floor):
 
 1. **Groups.**  ``--prompts`` held-out prompts × ``--n`` samples (temperature 1,
    ``--max-tokens``) on the embedded model, each sample's reward

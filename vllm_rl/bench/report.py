@@ -17,8 +17,9 @@ def render(doc: dict) -> str:
 
         summary = train.summarize(doc["runs"])
         speed = train.speedup_table(summary)
-        return train.table(summary) + ("\n\nSpeed-up at equal accuracy (95% t-interval "
-                                       "over seeds):\n\n" + speed if speed else "")
+        return train.table(summary) + ("\n\nSpeed-up at equal accuracy (geometric mean "
+                                       "over seeds, 95% t-interval on the log scale):"
+                                       "\n\n" + speed if speed else "")
     if "summary" in doc and isinstance(doc["summary"], list):
         from vllm_rl.bench import step
 

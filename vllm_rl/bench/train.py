@@ -377,8 +377,10 @@ def levels(by: dict[str, list[dict]], stock_mean: float | None) -> list[float]:
 
 def speedups(stock: list[dict], runs: list[dict], level: float, key: str) -> dict:
     """Stock's projected time to ``level`` over the configuration's, on axis ``key``: per
-    seed (same seed: same held-out samples, same prompts) with a 95% t-interval over the
-    seeds where both reach it, and of the seed-mean curves."""
+    seed (same seed: same held-out samples, same prompts), their geometric mean with a
+    95% t-interval on the log scale over the seeds where both reach it (a ratio's
+    interval: positive, and 2× and 0.5× equally far from 1), and of the seed-mean
+    curves."""
     stock_by = {r["seed"]: r for r in stock}
     per_seed = {}
     for r in runs:
@@ -393,7 +395,8 @@ def speedups(stock: list[dict], runs: list[dict], level: float, key: str) -> dic
     out = {"level": level, "per_seed": per_seed, "seeds_reached": len(per_seed),
            "of_means": t_s / t_c if t_s and t_c else None}
     if per_seed:
-        out["mean"], out["lo"], out["hi"] = t_interval(list(per_seed.values()))
+        m, lo, hi = t_interval([math.log(v) for v in per_seed.values()])
+        out["mean"], out["lo"], out["hi"] = math.exp(m), math.exp(lo), math.exp(hi)
     return out
 
 
@@ -676,7 +679,8 @@ def main(argv: list[str] | None = None) -> None:
         plot(runs, summary, out / "train.png", args)
         print(table(summary))
         print("\nSpeed-up at equal accuracy: stock's projected rollout time to each level "
-              "over the configuration's, the mean over seeds (95% t-interval, seeds where "
+              "over the configuration's, the geometric mean over seeds (95% t-interval on the "
+              "log scale, seeds where "
               "both reach it), host-counted; GPU-only beside it.\n")
         print(speedup_table(summary))
     print(f"\n{len(runs)} runs in {doc['wall_s'] / 60:.1f} min; JSON {out / 'train.json'}, "
