@@ -18,7 +18,7 @@ On the trainer's side:
 - :mod:`.calibration`: the calibration buffer, δ and the cold start (App. A.4);
 - :mod:`.controller`: :class:`~.controller.ArrolFeedback`, Alg. 1 l.3-8 between steps for
   every trainer (every scored sample in the head's data, fitting over the buffer,
-  out-of-sample calibration, the within-group held-out AUC gate);
+  out-of-sample calibration, the gate: a within-group AUC floor and the balance test);
 - :mod:`.measures`: Spearman, AUC, trace confidence, weighted voting (Sec. 4.4).
 
 The public names of these modules are importable from the package itself (lazily).

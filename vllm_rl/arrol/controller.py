@@ -120,7 +120,7 @@ class ArrolFeedback:
             raise ValueError(f"ArrolFeedback inputs={inputs!r}: allowed {HEAD_INPUTS}")
         if auc_gate is not None and not 0.0 <= auc_gate <= 1.0:
             raise ValueError(f"ArrolFeedback auc_gate={auc_gate!r}: allowed a float in [0, 1] "
-                             "or None (no AUC gate: the cold start alone, as in the paper)")
+                             "or None (no AUC floor)")
         arrol = read({KEY: {"arrol": dict(arrol_flags or {})}}).arrol
         self.calibration_flags = {k: getattr(arrol, k) for k in CALIBRATION_FLAGS}
         self.inputs, self.hidden_size, self.width = inputs, hidden_size, width

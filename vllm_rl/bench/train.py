@@ -13,7 +13,8 @@ engine every step), one run per (configuration, seed), every run from the same m
   baseline over all samples (Alg. A.10 l.38);
 * ``das``: DAS drafting from per-problem suffix trees (lossless);
 * ``arrol``: ARRoL pruning at ``l_detect`` with the shared feedback (labels from natural
-  ends, head fitted over the buffer, trace features, cold start, held-out AUC gate);
+  ends, head fitted over the buffer, trace features, cold start, the gate: a held-out
+  within-group AUC floor and the balance test);
 * ``all``: the four together under the composition rule (``docs/ARCHITECTURE.md``).
 
 Each step's rollout is priced on a measured GPU step-cost table (``--cost``, default the

@@ -34,7 +34,7 @@ SUBCOMMANDS = {   # name -> (module, one line of help)
     "arrol": ("vllm_rl.bench.arrol", "ARRoL's quality head: its signal at each l_detect "
               "(hidden state, trace features, both), then one step with pruning"),
     "arrol-gate": ("vllm_rl.bench.arrol_gate", "the within-group AUC from which ARRoL's "
-                   "steering brings groups closer to rho than stock (the AUC gate's value)"),
+                   "steering brings groups closer to rho than stock (what the gate tests)"),
     "overhead": ("vllm_rl.bench.overhead", "host time per request-step (scheduling, "
                  "update, drafter, scorer) at up to 1,024 live sequences, RL engine vs "
                  "stock vLLM, against the budgets (--mode throughput: flagless tokens/s)"),
