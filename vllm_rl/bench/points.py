@@ -32,6 +32,12 @@ def parser(prog: str = "vllm-rl bench points") -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--configs", default="darts,duet,das,arrol,das+duet+arrol,all")
     ap.add_argument("--cost", default="h100:qwen3-8b")
+    ap.add_argument("--darts-budget", default="adaptive",
+                    help="DARTS's total, as `vllm-rl bench step --darts-budget` (the table's "
+                         "runs: cost)")
+    ap.add_argument("--arrol-gate", default="balance", choices=("balance", "auc"),
+                    help="ARRoL's gate, as `vllm-rl bench step --arrol-gate` (the table's "
+                         "runs: auc)")
     ap.add_argument("--host-scale", type=float, default=1.0)
     ap.add_argument("--kv-gib-per-seq", type=float, default=0.004,
                     help="KV cache per live sequence and engine, GiB (default 0.004: "
@@ -141,6 +147,8 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
                          "--max-tokens", str(args.max_tokens), "--seed", str(seed),
                          "--configs", args.configs, "--cost", args.cost,
                          "--host-scale", str(args.host_scale), "--kv-gib", f"{kv:g}",
+                         "--darts-budget", str(args.darts_budget),
+                         "--arrol-gate", args.arrol_gate,
                          "--out", str(out / "runs")])
         points.append({"prompts": size, "seed": seed, "summary": res["summary"],
                        "total_s": res["total_s"]})

@@ -67,6 +67,10 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
                          "1.5 M N on the first step with lengths, off where the model "
                          "predicts redundancy slower), 'cost' (the multiple the model "
                          "predicts cheapest), or x M N in [1, 2] fixed (DartsPlanner)")
+    ap.add_argument("--arrol-gate", default="balance", choices=("balance", "auc"),
+                    help="ARRoL's pruning gate: 'balance' (the default: the within-group "
+                         "AUC floor and the balance test, ArrolFeedback) or 'auc' (the "
+                         "AUC floor alone, balance_gate=False: the earlier default)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="interleaved repeats; the table gives medians (default 1)")
     ap.add_argument("--gpu-limits", action="store_true",
@@ -305,6 +309,7 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
                            max_tokens=args.max_tokens,
                            max_live=GPU_LIMITS["max_num_seqs"] if args.gpu_limits else None)
     feedback = ArrolFeedback({"l_detect": args.l_detect}, cold_start_steps=0,
+                             balance_gate=args.arrol_gate == "balance",
                              gate_min=16, seed=args.seed)
     duet = previous_steps(rl, prompts, args, planner, feedback, plain)
     plans = {p.prompt_id: p for p in planner.plan(prompts)}
