@@ -62,6 +62,9 @@ GAUGES: dict[str, str] = {
     "arrol_head_auc": ("ARRoL: the held-out within-group AUC of the quality head whose "
                        "calibration scored the last ended sample (the value that opened "
                        "the pruning gate; record head_auc)."),
+    "arrol_gate_open": ("ARRoL: 1 if the pruning gate was open for the last scored sample "
+                        "(its calibration pushed: the record's p is set), 0 while the "
+                        "trainer keeps it shut (cold start, or its test failed)."),
 }
 
 _counters: dict[str, Any] | None = None
@@ -116,11 +119,11 @@ def observe(info: RolloutInfo, max_tokens: int | None) -> None:
         c["darts_cancelled"].inc()
     elif info.reason is Reason.ARROL_PRUNED:
         c["arrol_pruned"].inc()
-    if (info.keep_prob is not None and info.keep_prob < 1.0
-            and info.reason is not Reason.DUET_ABORTED):
+    if info.eps_kept:
         c["duet_eps_kept"].inc()
     if info.score is not None:
         c["arrol_scored"].inc()
+        gauges()["arrol_gate_open"].set(0.0 if info.p is None else 1.0)
         if info.head_auc is not None:
             gauges()["arrol_head_auc"].set(info.head_auc)
     if info.draft_proposed:

@@ -140,9 +140,12 @@ class RolloutInfo:
         """DUET: past the gate with no marker and kept by its coin (``keep_prob`` = eps
         < 1, weight 1/eps, Eq. 6).  Inside a DARTS group such a sample stands for DUET's
         marker-less tail and is outside DARTS's pool (the composition rule,
-        ``docs/ARCHITECTURE.md``): never counted toward M, cancelled or deselected."""
+        ``docs/ARCHITECTURE.md``): never counted toward M, cancelled or deselected.
+        Only a sample that then ran to its natural end is: one that something else ended
+        after the gate (ARRoL's coin, the client) is out of the loss and the baseline
+        like any sample so ended (:data:`NOT_RUN_OUT`)."""
         return (self.keep_prob is not None and self.keep_prob < 1.0
-                and self.reason is not Reason.DUET_ABORTED)
+                and self.reason not in NOT_RUN_OUT)
 
     # -- wire format ------------------------------------------------------------
     def encode(self) -> str:
@@ -183,6 +186,10 @@ class RolloutInfo:
 
 
 _IN_PROCESS = frozenset({"hidden"})      # fields that never cross the wire
+# The ends after which a sample past DUET's gate is not DUET's kept tail: its own coin
+# aborted it, ARRoL's coin pruned it, the client aborted it (DARTS never cancels it).
+NOT_RUN_OUT = frozenset({Reason.DUET_ABORTED, Reason.ARROL_PRUNED, Reason.ABORT,
+                         Reason.DARTS_CANCELLED})
 
 
 def hidden_ids(infos: Sequence[RolloutInfo | None]) -> list[str]:

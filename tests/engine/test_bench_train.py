@@ -20,10 +20,19 @@ def test_quick_run_writes_the_table_json_and_png(tmp_path):
     doc = json.loads((tmp_path / "train.json").read_text())
     assert (tmp_path / "train.png").stat().st_size > 10_000
     assert {r["config"] for r in doc["runs"]} == {"stock", "all"} and not doc["errors"]
+    stock = next(r for r in doc["runs"] if r["config"] == "stock")
+    budget = sum(row["h100_host_s"] for row in stock["steps"])
     for run in doc["runs"]:
-        assert len(run["steps"]) == 2
+        if run["config"] == "stock":
+            assert len(run["steps"]) == 2 and run["budget_s"] is None
+        else:             # stock's rollout time, host counted: the same seed's budget
+            spent = [row["h100_host_s"] for row in run["steps"]]
+            assert run["budget_s"] == pytest.approx(budget)
+            assert sum(spent) >= budget or len(spent) == 3 * 2          # or --max-steps
+            assert sum(spent[:-1]) < budget
         for row in run["steps"]:
             assert row["h100_s"] > 0 and row["engine_steps"] > 0 and "heldout" in row
+            assert row["grad_norm"] >= 0
             assert row["h100_host_s"] >= row["h100_s"] and row["host_core_s"] > 0
             assert {"diag_loss_samples_mean", "diag_zero_adv_groups", "diag_ess_fraction",
                     "diag_eps_weight_share"} <= set(row)
@@ -32,6 +41,7 @@ def test_quick_run_writes_the_table_json_and_png(tmp_path):
     assert "| stock |" in done.stdout and "| all |" in done.stdout
     assert "time to stock's final" in done.stdout and "total proj. + host s" in done.stdout
     assert doc["summary"]["all"]["h100_host_vs_stock"] > 0
+    assert doc["summary"]["all"]["steps"] == len(allrun["steps"])
 
 
 def test_time_to_target_interpolates_on_cumulative_time():
@@ -114,6 +124,27 @@ def test_resume_reuses_only_runs_from_the_same_arguments(tmp_path):
     assert train._finished(tmp_path, "stock", 1, args) is None
     args.max_tokens += 1
     assert train._finished(tmp_path, "stock", 0, args) is None
+
+
+def test_configurations_are_combinations_and_project_options():
+    from vllm_rl.bench.matrix import parse, technique_flags
+
+    assert train.check_configs(["stock", "das", "das+darts:guard", "all", "duet:eps1"]) == []
+    assert train.check_configs(["das+nope", "darts:nope", "das+das"]) == [
+        "das+nope", "darts:nope", "das+das"]
+    assert parse("das+darts:guard") == (("das", "darts"), {"darts": ("guard",)})
+    assert technique_flags("duet:eps1", 256)["duet"]["eps"] == 1.0
+    assert technique_flags("das:class", 256)["das"] == {"policy": "class"}
+
+
+def test_levels_run_up_to_stocks_final_mean():
+    def run(name, accs):
+        steps = [{"step": i + 1, "h100_s": 1.0, "heldout": a} for i, a in enumerate(accs)]
+        return {"config": name, "seed": 0, "heldout_start": 0.5, "steps": steps}
+
+    by = {"stock": [run("stock", [0.6, 0.7])], "das": [run("das", [0.55, 0.6])]}
+    assert train.levels(by, 0.7) == pytest.approx([0.55, 0.6, 0.65, 0.7])
+    assert train.levels(by, None) == []
 
 
 def test_bench_train_help_and_bad_config():

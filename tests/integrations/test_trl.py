@@ -126,8 +126,12 @@ def test_rollout_func_trains_with_the_records_in_the_loss(das_llm):
     assert rollout.loaded_step == 1, "the step-1 weights went into the engine"
     assert len(seen) == 2
     for weights, advantages, infos in seen:
-        assert len(weights) == len(advantages) == len(infos) == 2 * m
+        assert len(weights) == len(advantages) == len(infos) and len(weights) % 2 == 0
+        assert len(weights) // 2 >= m          # M rows per prompt, more for eps-kept
         for w, a, info in zip(weights, advantages.tolist(), infos):
+            if info is None:                   # a padding row
+                assert w == 0.0 and a == 0.0
+                continue
             assert w == (0.0 if info.selected is False else info.weight)
             if w == 0:
                 assert a == 0.0, "a masked sample has no advantage"
@@ -241,3 +245,55 @@ def test_duet_baseline_includes_aborted_samples_in_trl(das_llm):
     assert any(not mk.keep for mk in marks), "some samples were aborted"
     assert all(a == 0.0 for a, mk in zip(advantages.tolist(), marks) if not mk.keep)
     assert trainer.diagnostics["loss_samples"] == sum(mk.keep for mk in marks)
+
+
+def test_every_sample_the_records_keep_reaches_trls_loss(das_llm):
+    """DARTS (early stop, M = 4 of 8) with DUET's gate at eps = 0.5 inside it: a group
+    holds its M selected and, beside them, the eps-kept samples (the composition rule),
+    more than TRL's num_generations.  RLGRPOTrainer gives each prompt the rows its largest
+    group needs: every sample the records keep reaches the loss with its weight, every
+    sample they put in the baseline is in it, no eps-kept sample is dropped, and TRL's
+    advantages equal the shared group_advantages over the returned rows."""
+    from vllm_rl.integrations.common.advantages import group_advantages
+    from vllm_rl.integrations.trl.rollout import RolloutFunc
+    from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
+    from vllm_rl.task import reward, train_prompts
+
+    m = 4
+    flags = {"darts": {"mode": "shortest"},
+             "duet": {"pattern": MARKER, "k1": 8, "k2": 16, "grace": 8, "eps": 0.5}}
+    seen = []
+
+    class Capture(RLGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            seen.append((out["advantages"].clone(), list(rollout.last_marks),
+                         list(rollout.last_texts), list(rollout.last_weights),
+                         [list(g) for g in rollout.last.marks], list(rollout.last.prompts)))
+            return out
+
+    rollout = RolloutFunc(das_llm, flags, redundant=8, max_tokens=96, seed=11)
+    trainer = _grpo_trainer(Capture, rollout, train_prompts(16)[:8], "slots", steps=2,
+                            batch=4 * m, max_tokens=96, m=m)
+    try:
+        trainer.train()
+    finally:
+        das_llm.load_weights(_initial_state())
+    overflow = 0
+    for advantages, rows, texts, weights, groups, prompts in seen:
+        slots = len(rows) // len(prompts)
+        assert slots * len(prompts) == len(rows) == len(advantages) == len(weights)
+        overflow += slots > m
+        for g, (marks, prompt) in enumerate(zip(groups, prompts)):
+            mine = rows[g * slots:(g + 1) * slots]
+            kept = sorted(mk.weight for mk in marks if mk.keep)
+            assert sorted(mk.weight for mk in mine if mk.keep) == kept      # none cut
+            assert (sum(mk.baseline for mk in mine) == sum(mk.baseline for mk in marks))
+            assert (sum(mk.eps_kept for mk in mine) == sum(mk.eps_kept for mk in marks))
+        rewards = [reward(prompts[i // slots], t) for i, t in enumerate(texts)]
+        expected = group_advantages(rewards, rows, [i // slots for i in range(len(rows))])
+        assert advantages.tolist() == pytest.approx(expected, abs=1e-4)
+        assert all(w == (mk.weight if mk.keep else 0.0) for w, mk in zip(weights, rows))
+    eps_kept = [mk for step in seen for g in step[4] for mk in g if mk.eps_kept]
+    assert eps_kept and all(mk.weight == 2.0 and mk.keep and mk.baseline for mk in eps_kept)
+    assert overflow, "a group needed more rows than num_generations (not vacuous)"

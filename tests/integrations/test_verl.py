@@ -666,8 +666,8 @@ def test_arrol_feedback_trains_calibrates_and_pushes(verl_cluster, rollout_batch
     mask = rollout_batch.batch["response_mask"].bool()
     rewards = [reward(p[0]["content"], tok.decode(r[m].tolist()))
                for p, r, m in zip(fields["raw_prompt"], responses, mask)]
-    feedback = ArrolFeedback({"l_detect": 16}, cold_start_steps=2, auc_gate=None,
-                             balance_gate=False)             # the paper: the cold start alone
+    feedback = ArrolFeedback({"l_detect": 16}, cold_start_steps=2,
+                             gate="cold")                    # the paper: the cold start alone
     first = feedback.observe(infos, rewards)
     assert first["calibration"] is None and first["cold_start"]
     assert ray.get(server.arrol_update.remote(**first)) == first["version"]

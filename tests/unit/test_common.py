@@ -56,6 +56,27 @@ def test_darts_group_baseline_is_the_selected_m():
     assert [m.info.selection for m in marks] == ["short", "long", None, None]
 
 
+@pytest.mark.parametrize("reason", [R.ARROL_PRUNED, R.ABORT])
+def test_a_sample_past_duets_gate_then_ended_otherwise_is_not_eps_kept(reason):
+    """Kept by DUET's coin at the gate (keep_prob = eps, weight 1/eps), then pruned by
+    ARRoL's coin or aborted by the client: not DUET's tail.  Inside a DARTS group it is
+    neither selected nor in the baseline, and its weight is 0 (ARCHITECTURE's table)."""
+    eps = 0.05
+    flags = {"group": {"size": 2, "redundant": 4}, "darts": {"mode": "dual_end", "k": 1},
+             "duet": {"eps": eps}, "arrol": {}}
+    ended = _info(reason, 120, group_id="g", weight=0.0 if reason is R.ARROL_PRUNED
+                  else 1 / eps, keep_prob=eps, finish_rank=3)
+    assert not ended.eps_kept
+    infos = [_info(R.EOS, 30, group_id="g", finish_rank=1, keep_prob=1.0),
+             _info(R.EOS, 60, group_id="g", finish_rank=2, keep_prob=1.0), ended,
+             _info(R.EOS, 200, group_id="g", weight=1 / eps, keep_prob=eps, finish_rank=4)]
+    marks = training_marks(infos, [flags] * 4)
+    assert [(m.keep, m.baseline, m.eps_kept) for m in marks] == [
+        (True, True, False), (True, True, False), (False, False, False), (True, True, True)]
+    assert marks[2].weight == 0.0 and marks[2].info.selected is False
+    assert marks[3].info.selection == "eps_kept" and marks[3].weight == 1 / eps
+
+
 def test_arrol_pruned_and_client_aborted_leave_everything():
     flags = {"arrol": {}}
     infos = [_info(R.EOS, 40, score=0.3), _info(R.ARROL_PRUNED, 24, weight=0.0, pruned=True),
@@ -125,7 +146,7 @@ def test_feedback_labels_what_each_sample_earned_and_gates_on_heldout_auc():
     once the engine's own (held-out) scores rank >= auc_gate within groups; the
     calibration holds only those out-of-sample scores."""
     fb = ArrolFeedback({"l_detect": 8}, inputs="trace", hidden_size=8, cold_start_steps=2,
-                       gate_min=16, epochs=5, balance_gate=False)
+                       gate_min=16, epochs=5, gate="cold", auc_gate=0.65)
     g = torch.Generator().manual_seed(1)
     opened = []
     for step in range(4):
@@ -180,12 +201,15 @@ def test_balance_gain_is_positive_only_where_steering_helps():
         balance_gain([0.5, 0.5], [1], [1.0], [0], 0.5)
 
 
-def test_feedback_gate_opens_only_where_steering_brings_groups_closer_to_rho():
-    """The balance test of the gate, on held-out scores from a head that ranks perfectly:
-    mostly-correct groups (7 of 8) open it, groups at 4 of 8 keep it shut; the metrics
-    carry the test's figures."""
+@pytest.mark.parametrize("gate", ["balance", "steering"])
+def test_feedback_gate_opens_only_where_steering_brings_groups_closer_to_rho(gate):
+    """The gate's test on held-out scores from a head that ranks perfectly: mostly-correct
+    groups (7 of 8) open it, groups at 4 of 8 (where Eq. 2 with E[p] = kappa prunes the
+    likelier-correct harder, and random pruning keeps the share at rho in expectation)
+    keep it shut, under the balance test and under the steering test against random
+    pruning at the same keep rate; the metrics carry the test's figures."""
     def run(correct):
-        fb = ArrolFeedback({"l_detect": 8}, inputs="trace", hidden_size=8,
+        fb = ArrolFeedback({"l_detect": 8}, inputs="trace", hidden_size=8, gate=gate,
                            cold_start_steps=0, gate_min=16, epochs=2)
         opened = []
         for step in range(3):
@@ -202,11 +226,30 @@ def test_feedback_gate_opens_only_where_steering_brings_groups_closer_to_rho():
         return opened, fb.metrics
 
     opened, metrics = run(7)
-    assert opened[-1] and metrics["arrol/balance_gain"] > 0
+    assert opened[-1] and metrics[f"arrol/{gate}_gain"] > 0
     assert metrics["arrol/heldout_auc"] > 0.9
     opened, metrics = run(4)
-    assert not any(opened) and metrics["arrol/balance_gain"] < 0
+    assert not any(opened) and metrics[f"arrol/{gate}_gain"] < 0
     assert metrics["arrol/gate_open"] == 0.0 and metrics["arrol/heldout_auc"] > 0.9
+
+
+def test_steering_gain_compares_with_random_pruning_at_the_same_keep_rate():
+    """steering_gain: random pruning at p̄ is the reference (Table 4), so a head with
+    p = p̄ everywhere gains exactly 0; a group of 4 of 8 is one that random pruning
+    already keeps at rho in expectation, and halving a group of 8 at random moves it away
+    from rho, which the balance test counts against any pruning and this one does not."""
+    from vllm_rl.arrol.measures import balance_gain, steering_gain
+
+    y = ([1] * 7 + [0]) * 20
+    g = [k for k in range(20) for _ in range(8)]
+    w = [1.0] * len(y)
+    flat = steering_gain([0.5] * len(y), y, w, g, 0.5, seed=3)
+    assert flat["gain"] == 0.0 and flat["keep_rate"] == 0.5 and flat["random"] > 0
+    assert balance_gain([0.5] * len(y), y, w, g, 0.5, seed=3)["gain"] < 0   # random fails
+    steer = steering_gain([0.3 if v else 0.9 for v in y], y, w, g, 0.5, seed=3)
+    assert steer["gain"] > 2 * steer["se"] > 0
+    assert steer["keep_rate"] == pytest.approx((7 * 0.3 + 0.9) / 8)
+    assert steering_gain([0.5], [1], [1.0], [0], 0.5) is None
 
 
 def test_within_group_auc_ignores_ranking_across_prompts():

@@ -479,7 +479,7 @@ def test_planner_default_is_eq_8_9_with_lambda_calibrated_once():
 
 
 def test_planner_guard_turns_redundancy_off_where_the_model_says_it_is_slower():
-    """With the guard (the default), a full batch whose groups run to the limit anyway
+    """With the guard (the project's option), a full batch whose groups run to the limit anyway
     gets 1.0 MN (DARTS off) and the metrics say the guard decided; a small batch where
     the long-tailed prompt saturates and stops early keeps Eq. 9's total; the cap
     ``max_live`` is respected."""
@@ -487,12 +487,12 @@ def test_planner_guard_turns_redundancy_off_where_the_model_says_it_is_slower():
 
     tail = {0: [90, 95, 100, 100, 100, 105, 110, 110, 115, 120, 120, 125],
             1: [40, 50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 500]}
-    small = DartsPlanner(8, max_tokens=512)
+    small = DartsPlanner(8, max_tokens=512, guard=True)
     small.observe(tail)
     small.plan([0, 1])
     assert small.last_budget > 1.0 and small.metrics["darts/cost_chosen"] == 0.0
     heavy = {i: [10] * 4 + [512] * 8 for i in range(256)}
-    full = DartsPlanner(8, max_tokens=512)
+    full = DartsPlanner(8, max_tokens=512, guard=True)
     full.observe(heavy)
     full.plan(list(range(256)))
     assert full.last_budget == 1.0 and full.metrics["darts/cost_chosen"] == 1.0

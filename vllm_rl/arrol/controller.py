@@ -29,27 +29,26 @@ route, ``RLHttpServer.arrol_update``):
    Re-scoring the buffer with the head just fitted on it would make q over-confident on
    fresh samples, and E[p] ≠ κ.
 4. **The pruning gate**: the engine prunes only after the cold start (Sec. 5: 20 steps;
-   Table 7) and once both hold on the held-out window (the last ``gate_window`` labels
-   whose scores came from a trained head):
-   - the head ranks *within a group*: its within-group AUC
-     (:func:`~vllm_rl.arrol.measures.grouped_auc`: pairs of samples of the same prompt
-     only, as Eq. 2 steers within a group; pooled across prompts an AUC also credits
-     telling easy prompts from hard ones) ≥ ``auc_gate`` (:data:`AUC_GATE`; None: no
-     floor);
-   - steering helps (``balance_gate=True``, the default): with the calibration about to
-     be pushed, Eq. 2's coins would bring the window's groups closer to ρ than keeping
-     every sample (:func:`~vllm_rl.arrol.measures.balance_gain` > 0: the mean over
-     groups of |ρ_g − ρ| minus E|ρ̂_g − ρ|, inverse-propensity weighted).  This is the
-     criterion ``vllm-rl bench arrol-gate`` measures, taken on the user's own recent
-     groups rather than fixed as an AUC: on the embedded model no within-group AUC
-     passes it (its groups straddle ρ, and Eq. 2 with E[p] = κ prunes the
-     likelier-correct harder), so there ARRoL scores and never prunes.
-   ``auc_gate=None, balance_gate=False``: the cold start alone, as in the paper.  Held
-   out means prequential: each record's score came from the head the engine had when the
-   sample ran, trained only on earlier steps, so the AUC and the balance of those scores
-   against the new labels are out-of-sample measures of the head the engine is actually
-   using.  While the gate is shut the update says ``cold_start=True``: the engine scores
-   and records, never prunes.
+   Table 7) and, with ``gate="steering"`` (the default), once Eq. 2's steering beats
+   random pruning at the same keep rate on the held-out window (the last ``gate_window``
+   labels whose scores came from a trained head): with the calibration about to be
+   pushed, :func:`~vllm_rl.arrol.measures.steering_gain` > 2 standard errors
+   (:data:`GATE_Z`) over the held-out groups, the gain being the mean over groups of
+   E|ρ̂_g − ρ| under a uniform keep rate p̄ minus that under each sample's p (Eq. 2),
+   inverse-propensity weighted, the same seeded coins for both.  That is the comparison
+   the paper makes (Table 4: ARRoL against random pruning at one keep rate), on the
+   user's own recent groups.  ``gate="cold"``: the cold start alone, as in the paper.
+   ``gate="balance"`` (the project's earlier option) asks more: that the coins bring the
+   groups closer to ρ than keeping every sample (:func:`~vllm_rl.arrol.measures.
+   balance_gain` > 0), which removing samples from a group of 8 fails in expectation even
+   at random, so that gate never opens.  ``auc_gate`` (None by default) adds a floor on
+   the head's held-out within-group AUC (:func:`~vllm_rl.arrol.measures.grouped_auc`).
+   Held out means prequential: each record's score came from the head the engine had
+   when the sample ran, trained only on earlier steps, so the measures are out of sample
+   for the head the engine is actually using.  While the gate is shut the update says
+   ``cold_start=True``: the engine scores and records, never prunes.  The decision is in
+   :attr:`ArrolFeedback.metrics` (``arrol/gate_open``, ``arrol/steering_*``), in every
+   record (``p`` is None while shut) and on ``/metrics`` (``vllm_rl:arrol_gate_open``).
 
 Beyond the paper, the head can read the sample's **trace features** at ``l_detect``
 (``inputs="trace"`` or ``"both"``, the default; see :class:`~vllm_rl.arrol.head.QualityHead`):
@@ -63,7 +62,7 @@ before :meth:`ArrolFeedback.observe` with the ``arrol_hidden`` RPC
 trainer and OpenRLHF's actor do it).  A record that names one it does not hold is left
 out and counted (``arrol/hidden_missing``).
 
-:attr:`ArrolFeedback.metrics` holds the step's figures (held-out AUC, the balance test,
+:attr:`ArrolFeedback.metrics` holds the step's figures (held-out AUC, the gate's test,
 gate, labels).
 """
 from __future__ import annotations
@@ -76,20 +75,19 @@ import torch
 
 from vllm_rl.arrol.calibration import CalibrationBuffer, ColdStart
 from vllm_rl.arrol.head import HEAD_INPUTS, HeadTrainer, QualityHead
-from vllm_rl.arrol.measures import balance_gain, grouped_auc, weighted_auc
+from vllm_rl.arrol.measures import balance_gain, grouped_auc, steering_gain, weighted_auc
 from vllm_rl.arrol.rule import posterior, survival
 from vllm_rl.flags import KEY, read
 from vllm_rl.outcome import Reason, RolloutInfo
 
 CALIBRATION_FLAGS = ("kappa", "rho", "lam", "p_min", "p_max")
+GATES = ("steering", "cold", "balance")
+GATE_Z = 2.0    # the steering gate opens where its gain exceeds 2 standard errors (over
+                # the held-out groups): beyond noise, one-sided ~98%
 LABELLED = (Reason.EOS, Reason.STOP, Reason.LENGTH, Reason.DUET_TRIMMED,
             Reason.DARTS_CANCELLED)
-# The gate's ranking floor.  `vllm-rl bench arrol-gate` on the embedded model found no
-# within-group AUC at which Eq. 2's steering brings the groups closer to rho than keeping
-# every sample (its groups straddle rho, and Eq. 2 always prunes the likelier-correct
-# harder: rule.survival), so no AUC can be the whole gate: the balance test
-# (measures.balance_gain, on the user's own recent groups) decides, and this floor only
-# keeps a head that barely ranks from steering on a lucky window (docs/benchmarks.md).
+# The project's optional floor on the head's held-out within-group AUC (auc_gate=); the
+# paper has none, and ``vllm-rl bench arrol-gate`` measures the steering it would allow.
 AUC_GATE = 0.65
 BALANCE_DRAWS = 256
 
@@ -112,12 +110,14 @@ class ArrolFeedback:
 
     def __init__(self, arrol_flags: dict[str, Any] | None = None, *, inputs: str = "both",
                  hidden_size: int | None = None, width: int = 128,
-                 cold_start_steps: int = 20, auc_gate: float | None = AUC_GATE,
-                 balance_gate: bool = True, gate_window: int = 256,
+                 cold_start_steps: int = 20, gate: str = "steering",
+                 auc_gate: float | None = None, gate_window: int = 256,
                  gate_min: int = 64, window: int = 2048, epochs: int = 20, lr: float = 1e-3,
                  weight_decay: float = 1e-2, max_weight: float = 20.0, seed: int = 0) -> None:
         if inputs not in HEAD_INPUTS:
             raise ValueError(f"ArrolFeedback inputs={inputs!r}: allowed {HEAD_INPUTS}")
+        if gate not in GATES:
+            raise ValueError(f"ArrolFeedback gate={gate!r}: allowed one of {GATES}")
         if auc_gate is not None and not 0.0 <= auc_gate <= 1.0:
             raise ValueError(f"ArrolFeedback auc_gate={auc_gate!r}: allowed a float in [0, 1] "
                              "or None (no AUC floor)")
@@ -125,7 +125,7 @@ class ArrolFeedback:
         self.calibration_flags = {k: getattr(arrol, k) for k in CALIBRATION_FLAGS}
         self.inputs, self.hidden_size, self.width = inputs, hidden_size, width
         self.auc_gate, self.gate_min, self.epochs = auc_gate, gate_min, epochs
-        self.balance_gate = bool(balance_gate)
+        self.gate = gate
         self.lr, self.weight_decay, self.max_weight, self.seed = lr, weight_decay, max_weight, seed
         self.cold = ColdStart(cold_start_steps)
         self.calibration = CalibrationBuffer(window=window)
@@ -177,13 +177,13 @@ class ArrolFeedback:
         heldout, pooled = self._heldout_auc()
         cold = self.cold.active
         ranks = self.auc_gate is None or (heldout is not None and heldout >= self.auc_gate)
-        calibration, balance = None, None
+        calibration, test = None, None
         if not cold and ranks:
             calibration = self.calibration.calibration(**self.calibration_flags,
                                                        auc=heldout)
-            if self.balance_gate:
-                balance = self._balance(calibration)
-                if balance is None or balance["gain"] <= 0.0:
+            if self.gate != "cold":
+                test = self._test(calibration)
+                if test is None or test["gain"] <= GATE_Z * test.get("se", 0.0):
                     calibration = None          # steering would not help: score only
         self.gate_open = calibration is not None
         self.version += 1
@@ -195,7 +195,7 @@ class ArrolFeedback:
                         else float("nan"),
                         "arrol/calibration_samples": float(len(self.calibration)),
                         "arrol/gate_open": float(self.gate_open),
-                        **{f"arrol/balance_{k}": v for k, v in (balance or {}).items()},
+                        **{f"arrol/{self.gate}_{k}": v for k, v in (test or {}).items()},
                         "arrol/cold_start": float(cold),
                         "arrol/positive_share": sum(labels) / len(labels)}
         return {"head": self.head.export(self.version),
@@ -231,17 +231,18 @@ class ArrolFeedback:
         self.trainer.fit(hidden, labels, epochs=self.epochs, batch_size=128, generator=gen,
                          features=features, weights=weights)
 
-    def _balance(self, calibration) -> dict[str, float] | None:
-        """:func:`~vllm_rl.arrol.measures.balance_gain` of the held-out window under
-        ``calibration`` (each sample's p by Eq. 2 from its recorded score)."""
+    def _test(self, calibration) -> dict[str, float] | None:
+        """The gate's test of the held-out window under ``calibration`` (each sample's p
+        by Eq. 2 from its recorded score): :func:`~vllm_rl.arrol.measures.steering_gain`
+        (``gate="steering"``) or :func:`~vllm_rl.arrol.measures.balance_gain`."""
         if len(self.heldout) < self.gate_min:
             return None
         f = self.calibration_flags
         s, y, w, g = zip(*self.heldout)
         p = [survival(posterior(calibration, v), calibration.delta, f["kappa"], f["rho"],
                       f["lam"], f["p_min"], f["p_max"]) for v in s]
-        return balance_gain(p, y, w, g, f["rho"], draws=BALANCE_DRAWS,
-                            seed=self.seed + self.version)
+        test = steering_gain if self.gate == "steering" else balance_gain
+        return test(p, y, w, g, f["rho"], draws=BALANCE_DRAWS, seed=self.seed + self.version)
 
     def _heldout_auc(self) -> tuple[float | None, float | None]:
         """The held-out AUC within groups (the gate's) and pooled across them."""
@@ -253,4 +254,4 @@ class ArrolFeedback:
         return grouped_auc(s, y, w, g), weighted_auc(s, y, w)
 
 
-__all__ = ["AUC_GATE", "ArrolFeedback", "BALANCE_DRAWS", "label_weight", "LABELLED"]
+__all__ = ["AUC_GATE", "ArrolFeedback", "GATES", "BALANCE_DRAWS", "label_weight", "LABELLED"]

@@ -1,8 +1,9 @@
 """How well a score ranks outcomes, and ARRoL's test-time voting (Sec. 4.4, Fig. 2).
 
 :func:`spearman`, :func:`auc`, :func:`weighted_auc` and :func:`grouped_auc` (within
-prompts) against correctness; :func:`balance_gain` (whether Eq. 2's steering brings groups
-closer to ρ than keeping every sample: the pruning gate's test);
+prompts) against correctness; :func:`steering_gain` (whether Eq. 2's steering brings
+groups closer to ρ than random pruning at the same keep rate, Table 4: the pruning gate's
+test) and :func:`balance_gain` (than keeping every sample);
 :func:`trace_confidence` (the DeepConf-style baseline of Fig. 2); :func:`rank_weights` /
 :func:`weighted_vote` (Sec. 4.4).
 """
@@ -155,6 +156,38 @@ def grouped_auc(scores: Sequence[float], labels: Sequence[int], weights: Sequenc
 
 
 
+def _groups(survival, labels, weights, groups, name):
+    """The samples of groups with at least two members, in group order: (p, y, w, group
+    index, number of groups), or None."""
+    p = np.clip(_finite("survival", survival), 0.0, 1.0)
+    y = _finite("labels", labels)
+    w = _finite("weights", weights)
+    if not (len(p) == len(y) == len(w) == len(groups)):
+        raise ValueError(f"{name}: survival, labels, weights and groups differ in length")
+    index: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(groups):
+        index.setdefault(g, []).append(i)
+    members = [np.array(ix) for ix in index.values() if len(ix) >= 2]
+    if not members:
+        return None
+    gid = np.concatenate([np.full(len(ix), k) for k, ix in enumerate(members)])
+    order = np.concatenate(members)
+    return p[order], y[order], w[order], gid, len(members)
+
+
+def _distance(keep: np.ndarray, y: np.ndarray, w: np.ndarray, gid: np.ndarray, n: int,
+              rho: float) -> np.ndarray:
+    """Per group, E|ρ̂_g − ρ| over the draws of ``keep`` (draws × samples, 0/1): ρ̂_g =
+    Σ c w y / Σ c w of the kept (0 where none is kept)."""
+    kept = keep * w
+    k_all = np.zeros((keep.shape[0], n))
+    k_pos = np.zeros((keep.shape[0], n))
+    np.add.at(k_all.T, gid, kept.T)
+    np.add.at(k_pos.T, gid, (kept * y).T)
+    share = np.divide(k_pos, k_all, out=np.zeros_like(k_pos), where=k_all > 0)
+    return np.abs(share - rho).mean(axis=0)
+
+
 def balance_gain(survival: Sequence[float], labels: Sequence[int],
                  weights: Sequence[float], groups: Sequence[Hashable], rho: float,
                  draws: int = 256, seed: int = 0) -> dict[str, float] | None:
@@ -166,44 +199,59 @@ def balance_gain(survival: Sequence[float], labels: Sequence[int],
     stock's distance is |ρ_g − ρ| with ρ_g = Σ w y / Σ w, the group's share of correct
     samples, every sample kept; ARRoL's is E|ρ̂_g − ρ| over ``draws`` seeded draws of the
     coins (Alg. 1 l.19), ρ̂_g = Σ c w y / Σ c w of the kept (0 where none is kept).  The
-    gain is the mean over groups of stock's distance minus ARRoL's: > 0 where steering
-    helps the balance the paper aims at (Sec. 4.2: "the kept rollouts have a controlled
-    positive ratio close to ρ"), ≤ 0 where the groups are farther from ρ after pruning,
-    as on groups that straddle ρ, since Eq. 2 with E[p] = κ prunes the likelier-correct
-    harder (:func:`vllm_rl.arrol.rule.survival`) and every coin adds noise.  This is the
-    measure of ``vllm-rl bench arrol-gate``, on a model's own recent groups.
+    gain is the mean over groups of stock's distance minus ARRoL's.  Removing samples
+    from a small group moves ρ̂_g away from ρ in expectation even at random, so this is
+    no pruning gate (random halving fails it too); it is the measure of ``vllm-rl bench
+    arrol-gate``.  The gate is :func:`steering_gain`.
 
     Returns ``{"gain", "stock", "steered", "groups"}``, or None with no group of two.
     """
-    p = np.clip(_finite("survival", survival), 0.0, 1.0)
-    y = _finite("labels", labels)
-    w = _finite("weights", weights)
-    if not (len(p) == len(y) == len(w) == len(groups)):
-        raise ValueError("balance_gain: survival, labels, weights and groups differ in length")
-    index: dict[Hashable, list[int]] = {}
-    for i, g in enumerate(groups):
-        index.setdefault(g, []).append(i)
-    members = [np.array(ix) for ix in index.values() if len(ix) >= 2]
-    if not members:
+    found = _groups(survival, labels, weights, groups, "balance_gain")
+    if found is None:
         return None
-    gid = np.concatenate([np.full(len(ix), k) for k, ix in enumerate(members)])
-    order = np.concatenate(members)
-    p, y, w = p[order], y[order], w[order]
-    n = len(members)
+    p, y, w, gid, n = found
     total = np.bincount(gid, weights=w, minlength=n)
     share = np.bincount(gid, weights=w * y, minlength=n) / np.where(total > 0, total, 1.0)
     stock = np.abs(share - rho)
-    rng = np.random.default_rng(seed)
-    kept = (rng.random((draws, len(p))) < p) * w                     # (draws, samples)
-    k_all = np.zeros((draws, n))
-    k_pos = np.zeros((draws, n))
-    np.add.at(k_all.T, gid, kept.T)
-    np.add.at(k_pos.T, gid, (kept * y).T)
-    kept_share = np.divide(k_pos, k_all, out=np.zeros_like(k_pos), where=k_all > 0)
-    steered = np.abs(kept_share - rho).mean(axis=0)
+    u = np.random.default_rng(seed).random((draws, len(p)))
+    steered = _distance(u < p, y, w, gid, n, rho)
     return {"gain": float((stock - steered).mean()), "stock": float(stock.mean()),
             "steered": float(steered.mean()), "groups": float(n)}
 
 
-__all__ = ["auc", "balance_gain", "grouped_auc", "rank_weights", "spearman", "trace_confidence",
+def steering_gain(survival: Sequence[float], labels: Sequence[int],
+                  weights: Sequence[float], groups: Sequence[Hashable], rho: float,
+                  draws: int = 256, seed: int = 0) -> dict[str, float] | None:
+    """How much closer to ρ Eq. 2's coins bring the groups than random pruning at the
+    same keep rate: ARRoL's own comparison (Table 4, "Random" against ARRoL at one keep
+    rate).
+
+    Inputs as :func:`balance_gain`.  Steered: each sample kept with its p (Eq. 2);
+    random: each kept with p̄ = Σ w p / Σ w, the same expected keep rate.  Both use the
+    same ``draws`` seeded uniforms (common random numbers: sample i is kept when
+    u_i < p_i, or u_i < p̄), so the difference is the steering's alone.  Per group with at
+    least two samples, E|ρ̂_g − ρ| under each; the gain is the mean over groups of random's
+    minus steered's: > 0 where the head's steering beats pruning at random, the test
+    under which pruning is worth its samples; ``se`` is its standard error over the groups
+    (a head that cannot rank gives p ≈ p̄ and a gain within noise of 0).
+
+    Returns ``{"gain", "se", "random", "steered", "keep_rate", "groups"}``, or None with
+    no group of two.
+    """
+    found = _groups(survival, labels, weights, groups, "steering_gain")
+    if found is None:
+        return None
+    p, y, w, gid, n = found
+    rate = float(np.sum(w * p) / np.sum(w)) if np.sum(w) > 0 else 0.0
+    u = np.random.default_rng(seed).random((draws, len(p)))
+    steered = _distance(u < p, y, w, gid, n, rho)
+    random = _distance(u < rate, y, w, gid, n, rho)
+    diff = random - steered
+    se = float(diff.std(ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
+    return {"gain": float(diff.mean()), "se": se, "random": float(random.mean()),
+            "steered": float(steered.mean()), "keep_rate": rate, "groups": float(n)}
+
+
+__all__ = ["auc", "balance_gain", "grouped_auc", "rank_weights", "spearman", "steering_gain",
+           "trace_confidence",
            "weighted_auc", "weighted_vote"]

@@ -46,20 +46,49 @@ def technique_flags(name: str, max_tokens: int, l_detect: int = 24,
                     duet: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The ``rl_params`` sections of configuration ``name`` (None: stock).  ``duet``
     overrides DUET's fields (e.g. K1/K2 from a previous step)."""
-    if name not in CONFIGS:
-        raise ValueError(f"unknown configuration {name!r}; choose from {list(CONFIGS)}")
+    techniques, options = parse(name)
     sections = {
         "darts": {"darts": {}},
         "duet": {"duet": {"pattern": TASK_MARKER, "grace": duet_grace(max_tokens),
-                          "eps": 0.05, **(duet or {})}},
-        "das": {"das": {}},
+                          "eps": 1.0 if "eps1" in options.get("duet", ()) else 0.05,
+                          **(duet or {})}},
+        "das": {"das": {"policy": "class"} if "class" in options.get("das", ()) else {}},
         "arrol": {"arrol": {"l_detect": l_detect, "return_hidden": True}},
     }
-    if name == "stock":
+    if not techniques:
         return None
-    if name == "all":
-        return {k: v for s in TECHNIQUES for k, v in sections[s].items()}
-    return {k: v for s in name.split("+") for k, v in sections[s].items()}
+    return {k: v for s in techniques for k, v in sections[s].items()}
+
+
+# The project's options on a technique, named in a configuration as ``technique:option``
+# (``darts:guard``): each departs from its paper's default (``docs/flags.md``).
+# darts:guard: DartsPlanner(guard=True); das:class: Sec. 4.2.3's length classes;
+# duet:eps1: eps = 1, the gate keeps every sample (DUET's trim alone: an ablation).
+OPTIONS = {"darts": ("guard",), "das": ("class",), "duet": ("eps1",)}
+
+
+def parse(name: str) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
+    """A configuration's techniques and the project's options on them:
+    ``"das+darts:guard"`` -> ``(("das", "darts"), {"darts": ("guard",)})``.  Any
+    ``+``-combination of :data:`TECHNIQUES` is a configuration (``all``: the four)."""
+    if name in ("stock", "all", PER_STEP):
+        parts = {"stock": [], "all": list(TECHNIQUES)}.get(name, PER_STEP.split("+"))
+    else:
+        parts = name.split("+")
+    techniques, options = [], {}
+    for part in parts:
+        tech, *opts = part.split(":")
+        if tech not in TECHNIQUES or tech in techniques:
+            raise ValueError(f"unknown configuration {name!r}: {part!r} is not one of "
+                             f"{list(TECHNIQUES)} (or named twice)")
+        bad = [o for o in opts if o not in OPTIONS.get(tech, ())]
+        if bad:
+            raise ValueError(f"configuration {name!r}: {tech} has no option {bad[0]!r} "
+                             f"(its options: {list(OPTIONS.get(tech, ())) or 'none'})")
+        techniques.append(tech)
+        if opts:
+            options[tech] = tuple(opts)
+    return tuple(techniques), options
 
 
 def engine_kind(name: str) -> str:
@@ -67,9 +96,10 @@ def engine_kind(name: str) -> str:
     ``"stock"``, ``"das"`` (the RL engine with the DAS drafter) or ``"rl"`` (without)."""
     if name.startswith("stock"):
         return "stock"
-    parts = name.split("+")
-    return "das" if name in ("all", "das-off") or "das" in parts else "rl"
+    if name in ("das-off", "darts-shortest"):      # bench step's ablations
+        return "das" if name == "das-off" else "rl"
+    return "das" if "das" in parse(name)[0] else "rl"
 
 
-__all__ = ["CONFIGS", "PER_STEP", "TASK_MARKER", "TECHNIQUES", "duet_grace", "engine_kind",
+__all__ = ["CONFIGS", "OPTIONS", "PER_STEP", "parse", "TASK_MARKER", "TECHNIQUES", "duet_grace", "engine_kind",
            "technique_flags"]

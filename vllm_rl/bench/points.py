@@ -35,7 +35,8 @@ def parser(prog: str = "vllm-rl bench points") -> argparse.ArgumentParser:
     ap.add_argument("--darts-budget", default="adaptive",
                     help="DARTS's total, as `vllm-rl bench step --darts-budget` (the table's "
                          "runs: cost)")
-    ap.add_argument("--arrol-gate", default="balance", choices=("balance", "auc"),
+    ap.add_argument("--arrol-gate", default="steering",
+                    choices=("steering", "cold", "balance", "auc"),
                     help="ARRoL's gate, as `vllm-rl bench step --arrol-gate` (the table's "
                          "runs: auc)")
     ap.add_argument("--host-scale", type=float, default=1.0)

@@ -41,7 +41,27 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_rl.bench.matrix import CONFIGS, engine_kind, technique_flags
+from vllm_rl.bench.matrix import CONFIGS, engine_kind, parse, technique_flags
+
+ARROL_GATES = ("steering", "cold", "balance", "auc")
+
+
+def _is_config(name: str) -> bool:
+    try:
+        parse(name)
+    except ValueError:
+        return False
+    return True
+
+
+def arrol_gate(name: str) -> dict:
+    """``ArrolFeedback``'s gate keywords for ``--arrol-gate``."""
+    from vllm_rl.arrol.controller import AUC_GATE
+
+    return {"steering": {"gate": "steering"}, "cold": {"gate": "cold"},
+            "balance": {"gate": "balance", "auc_gate": AUC_GATE},
+            "auc": {"gate": "cold", "auc_gate": AUC_GATE}}[name]
+
 
 EXTRA = ("darts-shortest", "das-off")      # ablations: uniform M' = 2M shortest; drafts off
 
@@ -67,10 +87,12 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
                          "1.5 M N on the first step with lengths, off where the model "
                          "predicts redundancy slower), 'cost' (the multiple the model "
                          "predicts cheapest), or x M N in [1, 2] fixed (DartsPlanner)")
-    ap.add_argument("--arrol-gate", default="balance", choices=("balance", "auc"),
-                    help="ARRoL's pruning gate: 'balance' (the default: the within-group "
-                         "AUC floor and the balance test, ArrolFeedback) or 'auc' (the "
-                         "AUC floor alone, balance_gate=False: the earlier default)")
+    ap.add_argument("--arrol-gate", default="steering", choices=ARROL_GATES,
+                    help="ARRoL's pruning gate after the cold start (ArrolFeedback): "
+                         "'steering' (the default: Eq. 2 against random pruning at the "
+                         "same keep rate, Table 4), 'cold' (the cold start alone), "
+                         "'balance' (the balance test and the within-group AUC floor) or "
+                         "'auc' (the AUC floor alone)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="interleaved repeats; the table gives medians (default 1)")
     ap.add_argument("--gpu-limits", action="store_true",
@@ -268,10 +290,11 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
     ap = parser(prog)
     args = ap.parse_args(argv)
     names = [c for c in args.configs.split(",") if c and c != "stock"]
-    unknown = set(names) - set(CONFIGS[1:] + EXTRA)
+    unknown = sorted(n for n in names if n not in EXTRA and not _is_config(n))
     if unknown:
-        ap.error(f"unknown configuration(s) {sorted(unknown)}; choose from "
-                 f"{', '.join(CONFIGS[1:] + EXTRA)}")
+        ap.error(f"unknown configuration(s) {unknown}; choose from "
+                 f"{', '.join(CONFIGS[1:] + EXTRA)}, a '+'-combination of the techniques, "
+                 "or technique:option")
     from vllm_rl.bench.engines import in_process
 
     in_process()
@@ -309,7 +332,7 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
                            max_tokens=args.max_tokens,
                            max_live=GPU_LIMITS["max_num_seqs"] if args.gpu_limits else None)
     feedback = ArrolFeedback({"l_detect": args.l_detect}, cold_start_steps=0,
-                             balance_gate=args.arrol_gate == "balance",
+                             **arrol_gate(args.arrol_gate),
                              gate_min=16, seed=args.seed)
     duet = previous_steps(rl, prompts, args, planner, feedback, plain)
     plans = {p.prompt_id: p for p in planner.plan(prompts)}

@@ -58,7 +58,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_rl.bench.matrix import CONFIGS, technique_flags
+from vllm_rl.bench.matrix import CONFIGS, parse, technique_flags
 
 COLORS = {"stock": "black", "darts": "tab:blue", "duet": "tab:orange", "das": "tab:green",
           "arrol": "tab:red", "all": "tab:purple"}
@@ -69,10 +69,21 @@ def parser() -> argparse.ArgumentParser:
         prog="vllm-rl bench train", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n", 1)[0] + "\n\n" + __doc__.split("\n\n", 1)[1])
     ap.add_argument("--configs", default="all",
-                    help=f"comma-separated, among {', '.join(CONFIGS)} (stock always runs; "
-                         "default: the four together, all)")
+                    help=f"comma-separated, among {', '.join(CONFIGS)} or any '+'-combination "
+                         "of the techniques (das+darts), a technique with a project option "
+                         "as technique:option (darts:guard, das:class); stock always runs "
+                         "(default: the four together, all)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration (default 3)")
-    ap.add_argument("--steps", type=int, default=40, help="GRPO steps per run (default 40)")
+    ap.add_argument("--steps", type=int, default=40,
+                    help="stock's GRPO steps per run (default 40); its projected rollout "
+                         "time, host counted, is every configuration's budget")
+    ap.add_argument("--budget", default="time", choices=("time", "steps"),
+                    help="time (default): each configuration trains until its projected "
+                         "rollout time, host counted, reaches stock's over --steps (same "
+                         "seed), at most --max-steps; steps: every configuration --steps")
+    ap.add_argument("--max-steps", type=int, default=None,
+                    help="the cap on a configuration's steps under --budget time "
+                         "(default 3 x --steps)")
     ap.add_argument("--prompts", type=int, default=16,
                     help="prompts per step (default 16: 128 samples per step)")
     ap.add_argument("--m", type=int, default=8, help="samples per prompt in the loss, M")
@@ -83,6 +94,10 @@ def parser() -> argparse.ArgumentParser:
                     help="generation cap, training and held-out (default 256, about 4x the "
                          "mean length)")
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr-schedule", default="constant", choices=("constant", "linear"),
+                    help="constant (default: the same learning rate at every step, whatever "
+                         "a configuration's step count) or linear (TRL's default, to 0 at "
+                         "the run's last step: runs of unequal length anneal differently)")
     ap.add_argument("--eval-every", type=int, default=5,
                     help="held-out accuracy every this many steps (default 5)")
     ap.add_argument("--eval-prompts", type=int, default=64)
@@ -161,8 +176,10 @@ def _accuracy(llm, held: list[str], args) -> float:
 
 
 def run_one(name: str, seed: int, args, engines: dict, progress=None,
-            start_cache: dict | None = None) -> dict:
-    """One GRPO run of ``name`` with ``seed``: per-step figures and the eval curve."""
+            start_cache: dict | None = None, budget_s: float | None = None) -> dict:
+    """One GRPO run of ``name`` with ``seed``: per-step figures and the eval curve.
+    ``budget_s``: train until the projected rollout time, host counted, reaches it (at
+    most ``max_steps``), the last step evaluated; None: ``args.steps`` steps."""
     import random
 
     import torch
@@ -191,22 +208,29 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
     if flags and "arrol" in flags:
         feedback = ArrolFeedback(flags["arrol"], cold_start_steps=args.arrol_cold,
                                  hidden_size=hidden_size, seed=seed)
+    planner = None
+    if flags and "darts" in flags:
+        from vllm_rl.darts.controller import DartsPlanner
+
+        planner = DartsPlanner(args.m, max_tokens=args.max_tokens,
+                               guard="guard" in parse(name)[1].get("darts", ()))
     rollout = RolloutFunc(llm, flags, max_tokens=args.max_tokens, seed=seed,
-                          problem_id=lambda p: p, arrol_feedback=feedback,
+                          problem_id=lambda p: p, arrol_feedback=feedback, planner=planner,
                           reward=reward if feedback is not None else None)
+    max_steps = args.steps if budget_s is None else (args.max_steps or 3 * args.steps)
     cost = load_cost(args.cost)
     trace = engine_trace(llm)
     held = _heldout(args)
     pool = train_prompts(args.pool)
     order = []
     rng = random.Random(seed)
-    while len(order) < args.steps * args.prompts:
+    while len(order) < max_steps * args.prompts:
         epoch = list(pool)
         rng.shuffle(epoch)
         order += epoch
-    dataset = Dataset.from_dict({"prompt": order[:args.steps * args.prompts]})
+    dataset = Dataset.from_dict({"prompt": order[:max_steps * args.prompts]})
     steps: list[dict] = []
-    state = {"mark": trace.mark()}
+    state = {"mark": trace.mark(), "spent": 0.0}
 
     class Record(TrainerCallback):
         def on_step_end(self, a, st, control, **kw):
@@ -229,20 +253,32 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
                    **{f"diag_{k}": v for k, v in trainer.diagnostics.items()}}
             if feedback is not None:
                 row.update({k.replace("/", "_"): v for k, v in feedback.metrics.items()})
-            if st.global_step % args.eval_every == 0 or st.global_step == args.steps:
+            if planner is not None:
+                row.update({k.replace("/", "_"): v for k, v in planner.metrics.items()})
+            state["spent"] += row["h100_host_s"]
+            last = st.global_step == max_steps or (budget_s is not None
+                                                   and state["spent"] >= budget_s)
+            if st.global_step % args.eval_every == 0 or last:
                 rollout.load(trainer)                 # this step's weights, then evaluate
                 row["heldout"] = _accuracy(llm, held, args)
+            if last:
+                control.should_training_stop = True
             steps.append(row)
             state["mark"] = trace.mark()
             if progress is not None:
                 progress(name, seed, row)
 
+        def on_log(self, a, st, control, logs=None, **kw):
+            if steps and logs and "grad_norm" in logs:   # this step's, before clipping
+                steps[-1]["grad_norm"] = float(logs["grad_norm"])
+
     torch.manual_seed(seed)
     scratch = tempfile.mkdtemp(prefix="vllm-rl-train-")
     config = GRPOConfig(
-        output_dir=scratch, max_steps=args.steps,       # nothing is saved there
+        output_dir=scratch, max_steps=max_steps,        # nothing is saved there
         per_device_train_batch_size=args.prompts * args.m, num_generations=args.m,
         gradient_accumulation_steps=1, learning_rate=args.lr, beta=0.0,
+        lr_scheduler_type=args.lr_schedule,
         max_completion_length=args.max_tokens, logging_steps=1, report_to=[],
         save_strategy="no", seed=seed, use_cpu=True, bf16=False, disable_tqdm=True,
         shuffle_dataset=False)
@@ -263,7 +299,7 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
     trainer.train()
     shutil.rmtree(scratch, ignore_errors=True)
     return {"config": name, "seed": seed, "flags": flags, "heldout_start": start,
-            "steps": steps, "wall_s": time.perf_counter() - t0}
+            "budget_s": budget_s, "steps": steps, "wall_s": time.perf_counter() - t0}
 
 
 def _task_reward(prompts, completions, **_):
@@ -291,12 +327,12 @@ def _worker(jobs, args_dict, queue) -> None:
     torch.set_num_threads(1)
     engines: dict = {}
     start_cache: dict = {}             # the step-0 accuracy: same weights, same eval samples
-    for name, seed in iter(jobs.get, None):
+    for name, seed, budget_s in iter(jobs.get, None):
         try:
             _engines(engines)
             result = run_one(name, seed, args, engines,
                              progress=lambda n, s, row: queue.put(("step", n, s, row)),
-                             start_cache=start_cache)
+                             start_cache=start_cache, budget_s=budget_s)
             queue.put(("done", name, seed, result))
         except Exception:               # report, keep the other jobs going
             import traceback
@@ -338,8 +374,9 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+MAX_GRAD_NORM = 1.0     # TRL's (transformers') default, which every run keeps
 AXES = {"host": "h100_host_s", "gpu": "h100_s"}   # the time axes: host-counted, GPU-only
-LEVELS = 4          # accuracy levels every configuration's seed-mean curve reaches
+LEVELS = 4          # accuracy levels up to stock's final mean
 
 
 def curve(run: dict, key: str = "h100_s") -> list[tuple[int, float, float]]:
@@ -362,18 +399,15 @@ def mean_curve(curves: list[list[tuple[int, float, float]]]) -> list[tuple[float
 
 def levels(by: dict[str, list[dict]], stock_mean: float | None) -> list[float]:
     """The accuracy levels of the equal-accuracy speed-up: :data:`LEVELS` evenly spaced
-    from above the highest seed-mean start to the lowest seed-mean peak (every
-    configuration's seed-mean curve reaches each), and stock's final mean."""
-    peaks, starts = [], []
-    for rs in by.values():
-        pts = mean_curve([curve(r) for r in rs])
-        peaks.append(max(a for _, a in pts))
-        starts.append(pts[0][1])
-    lo, hi = max(starts), min(peaks)
-    out = [lo + (hi - lo) * (k + 1) / LEVELS for k in range(LEVELS)] if hi > lo else []
-    if stock_mean is not None:
-        out.append(stock_mean)
-    return out
+    from above the highest seed-mean start up to stock's final mean, the last (every level
+    stock's seed-mean curve reaches; a configuration that does not reach one says so)."""
+    starts = [mean_curve([curve(r) for r in rs])[0][1] for rs in by.values()]
+    if stock_mean is None:
+        return []
+    lo = max(starts)
+    if stock_mean <= lo:
+        return [stock_mean]
+    return [lo + (stock_mean - lo) * (k + 1) / LEVELS for k in range(LEVELS)]
 
 
 def speedups(stock: list[dict], runs: list[dict], level: float, key: str) -> dict:
@@ -420,7 +454,7 @@ def summarize(runs: list[dict]) -> dict:
     if "stock" in by:
         stock_by_seed = {r["seed"]: curve(r)[-1][2] for r in by["stock"]}
         stock_final = t_interval(list(stock_by_seed.values()))
-    for name in [c for c in CONFIGS if c in by]:
+    for name in sorted(by, key=lambda c: (c != "stock", list(by).index(c))):
         rs = by[name]
         curves = [curve(r) for r in rs]
         final = t_interval([c[-1][2] for c in curves])
@@ -435,7 +469,12 @@ def summarize(runs: list[dict]) -> dict:
             vals = [s[key] for r in rs for s in r["steps"] if key in s]
             if vals:
                 diag[key[5:]] = statistics.fmean(vals)
-        row = {"seeds": len(rs), "final": final[0], "final_lo": final[1], "final_hi": final[2],
+        norms = [s["grad_norm"] for r in rs for s in r["steps"] if "grad_norm" in s]
+        if norms:                  # TRL clips the gradient's norm at max_grad_norm = 1.0
+            diag["grad_norm"] = statistics.median(norms)
+            diag["clipped"] = sum(v > MAX_GRAD_NORM for v in norms) / len(norms)
+        row = {"seeds": len(rs), "steps": statistics.fmean(len(r["steps"]) for r in rs),
+               "final": final[0], "final_lo": final[1], "final_hi": final[2],
                "start": statistics.fmean(r["heldout_start"] for r in rs),
                "h100_total_s": total, "h100_host_total_s": host_total,
                "tokens": statistics.fmean(sum(s["tokens"] for s in r["steps"]) for r in rs),
@@ -511,6 +550,10 @@ def speedup_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _opt(r: dict, key: str, fmt: str) -> str:
+    return "–" if r.get(key) is None else format(r[key], fmt)
+
+
 def _time_to(r: dict, key: str) -> str:
     t = r.get(f"time_to_{key}_s")
     return "not reached" if t is None else f"{t:.1f} ({r[f'time_to_{key}_frac']:.2f})"
@@ -528,23 +571,25 @@ def _host_total(r: dict) -> str:
 
 
 def table(summary: dict) -> str:
-    head = ("config", "seeds", "held-out start", "final (95% CI)", "vs stock, paired (95% CI)",
+    head = ("config", "seeds", "steps", "held-out start", "final (95% CI)", "vs stock, paired (95% CI)",
             "time to stock's final CI low, proj. s (× stock total)",
             "time to stock's final mean, proj. s (× stock total)", "total proj. s (× stock)",
             "total proj. + host s (× stock)",
             "tokens", "train reward (last 5)", "loss samples / group", "zero-adv groups",
-            "ESS / n", "1/ε share")
+            "ESS / n", "1/ε share", "grad norm (median)", "steps clipped")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in summary.items():
         tts, ttm = (_time_to(r, key) for key in ("target", "mean"))
         lines.append(
-            f"| {name} | {r['seeds']} | {r['start']:.3f} | {r['final']:.3f} "
+            f"| {name} | {r['seeds']} | {r.get('steps', 0):.1f} | {r['start']:.3f} | "
+            f"{r['final']:.3f} "
             f"({r['final_lo']:.3f}–{r['final_hi']:.3f}) | {_delta(r)} | {tts} | {ttm} | "
             f"{r['h100_total_s']:.1f} "
             f"({r.get('h100_vs_stock') or 0:.2f}×) | {_host_total(r)} | {r['tokens']:,.0f} | "
             f"{r['train_reward_last5']:.3f} | {r.get('loss_samples_mean', 0):.1f} | "
             f"{r.get('zero_adv_groups', 0):.2f} | {r.get('ess_fraction', 0):.2f} | "
-            f"{r.get('eps_weight_share', 0):.3f} |")
+            f"{r.get('eps_weight_share', 0):.3f} | {_opt(r, 'grad_norm', '.2f')} | "
+            f"{_opt(r, 'clipped', '.0%')} |")
     return "\n".join(lines)
 
 
@@ -598,8 +643,9 @@ def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
 
 
 # the arguments that decide a run's result (a finished run is reused only if they match)
-RUN_ARGS = ("steps", "prompts", "m", "pool", "max_tokens", "lr", "eval_every", "eval_prompts",
-            "eval_samples", "heldout_seed", "l_detect", "arrol_cold", "cost", "host_scale")
+RUN_ARGS = ("steps", "prompts", "m", "pool", "max_tokens", "lr", "lr_schedule", "eval_every",
+            "eval_prompts", "eval_samples", "heldout_seed", "l_detect", "arrol_cold", "cost",
+            "host_scale", "budget", "max_steps")
 
 
 def _run_args(args) -> dict:
@@ -615,6 +661,26 @@ def _finished(out: Path, name: str, seed: int, args) -> dict | None:
     return run if run.get("args") == _run_args(args) else None
 
 
+def budget_of(stock_run: dict, args) -> float | None:
+    """A configuration's rollout-time budget for the seed of ``stock_run``: stock's
+    projected rollout time over its steps, host counted (None under ``--budget
+    steps``)."""
+    if args.budget != "time":
+        return None
+    return sum(row["h100_host_s"] for row in stock_run["steps"])
+
+
+def check_configs(names: list[str]) -> list[str]:
+    """The configurations' names that are not one (:func:`vllm_rl.bench.matrix.parse`)."""
+    bad = []
+    for name in names:
+        try:
+            parse(name)
+        except ValueError:
+            bad.append(name)
+    return bad
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = parser()
     args = ap.parse_args(argv)
@@ -625,31 +691,52 @@ def main(argv: list[str] | None = None) -> None:
         args.configs, args.seeds, args.steps, args.eval_every = "stock,all", 1, 2, 1
         args.eval_prompts, args.eval_samples, args.workers, args.prompts = 8, 2, 1, 2
         args.m, args.pool, args.arrol_cold = 4, 8, 1
-    names = ["stock"] + [c for c in args.configs.split(",") if c and c != "stock"]
-    unknown = set(names) - set(CONFIGS)
+    names = ["stock"] + [c for c in dict.fromkeys(args.configs.split(",")) if c and c != "stock"]
+    unknown = check_configs(names)
     if unknown:
-        ap.error(f"unknown configuration(s) {sorted(unknown)}; choose from {list(CONFIGS)}")
+        ap.error(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)}, a "
+                 "'+'-combination of the techniques, or technique:option")
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = [(n, s) for s in range(args.seeds) for n in names]
     runs = [r for r in (_finished(out, n, s, args) for n, s in jobs) if r] if args.resume else []
-    todo = [j for j in jobs if (j[0], j[1]) not in {(r["config"], r["seed"]) for r in runs}]
+    done = {(r["config"], r["seed"]) for r in runs}
+    todo = [j for j in jobs if j not in done]
     workers = max(1, min(args.workers, len(todo)))
-    print(f"{len(jobs)} runs ({', '.join(names)} × {args.seeds} seed(s), {args.steps} steps), "
-          f"{len(runs)} already done, on {workers} worker(s); vLLM's log: {out / 'vllm.log'}")
+    print(f"{len(jobs)} runs ({', '.join(names)} × {args.seeds} seed(s); stock {args.steps} "
+          f"steps, the others " + ("stock's rollout time, host counted" if args.budget == "time"
+                                   else f"{args.steps} steps")
+          + f"), {len(runs)} already done, on {workers} worker(s); vLLM's log: "
+          f"{out / 'vllm.log'}")
     import multiprocessing as mp
 
     from tqdm import tqdm
 
     ctx = mp.get_context("spawn")
     queue, job_queue = ctx.Queue(), ctx.Queue()
-    for job in todo + [None] * workers:
-        job_queue.put(job)
+    # Stock runs first: each seed's other configurations start once its stock run has
+    # set their budget.
+    stock_by = {r["seed"]: r for r in runs if r["config"] == "stock"}
+    waiting = {s: [n for n, s2 in todo if s2 == s and n != "stock"] for s in range(args.seeds)}
+
+    def release(seed: int) -> None:
+        for n in waiting.pop(seed, []):
+            job_queue.put((n, seed, budget_of(stock_by[seed], args)))
+
+    for n, s in todo:
+        if n == "stock":
+            job_queue.put((n, s, None))
+    for s in list(waiting):
+        if s in stock_by:
+            release(s)
+    pending = len(todo)
+    if not pending:
+        workers = 0
     procs = [ctx.Process(target=_worker, args=(job_queue, vars(args), queue))
              for _ in range(workers if todo else 0)]
     for p in procs:
         p.start()
-    bar = tqdm(total=len(todo) * args.steps, unit="step", desc="GRPO steps")
+    bar = tqdm(total=len(todo) * args.steps, unit="step", desc="GRPO steps (stock's count)")
     errors, alive = [], len(procs)
     t0 = time.perf_counter()
     while alive:
@@ -660,13 +747,23 @@ def main(argv: list[str] | None = None) -> None:
             if "heldout" in payload:
                 msg += f" acc {payload['heldout']:.3f}"
             bar.set_postfix_str(msg)
-        elif kind == "done":
-            runs.append(payload)
-            payload["args"] = _run_args(args)
-            (out / "runs" / f"{name}-s{seed}.json").write_text(json.dumps(payload))
-        elif kind == "error":
-            errors.append((name, seed, payload))
-            bar.write(f"run {name}/seed {seed} failed:\n{payload}")
+        elif kind in ("done", "error"):
+            pending -= 1
+            if kind == "done":
+                runs.append(payload)
+                payload["args"] = _run_args(args)
+                (out / "runs" / f"{name}-s{seed}.json").write_text(json.dumps(payload))
+                if name == "stock":
+                    stock_by[seed] = payload
+                    release(seed)
+            else:
+                errors.append((name, seed, payload))
+                bar.write(f"run {name}/seed {seed} failed:\n{payload}")
+                if name == "stock":              # its seed's other runs have no budget
+                    pending -= len(waiting.pop(seed, []))
+            if pending == 0:
+                for _ in procs:
+                    job_queue.put(None)
         else:
             alive -= 1
     for p in procs:

@@ -8,6 +8,7 @@
     vllm-rl bench das-batch [...]    # drafting's gain by batch size
     vllm-rl bench arrol [...]        # ARRoL's head: signal at l_detect, one pruned step
     vllm-rl bench arrol-gate [...]   # the within-group AUC from which ARRoL's steering helps
+    vllm-rl bench duet-gate [...]    # DUET's gate in the model's regime, its baseline's shift
     vllm-rl bench overhead [...]     # host µs per request-step vs stock vLLM, vs budgets
     vllm-rl bench report FILE.json   # a benchmark's table again, from its JSON
 
@@ -35,6 +36,9 @@ SUBCOMMANDS = {   # name -> (module, one line of help)
               "(hidden state, trace features, both), then one step with pruning"),
     "arrol-gate": ("vllm_rl.bench.arrol_gate", "the within-group AUC from which ARRoL's "
                    "steering brings groups closer to rho than stock (what the gate tests)"),
+    "duet-gate": ("vllm_rl.bench.duet_gate", "DUET's gate in the model's regime beside "
+                  "the paper's (marker-less share, length tail, group balance) and what "
+                  "its baseline costs, with common random numbers"),
     "overhead": ("vllm_rl.bench.overhead", "host time per request-step (scheduling, "
                  "update, drafter, scorer) at up to 1,024 live sequences, RL engine vs "
                  "stock vLLM, against the budgets (--mode throughput: flagless tokens/s)"),

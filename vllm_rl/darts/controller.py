@@ -10,8 +10,9 @@ Each step the trainer (DARTS paper, Sec. 4.2-4.3.1, App. B-D):
    early stop when the prompt's budget saturates at ``M_up = 2M``, else dual-end.
 
 :class:`DartsPlanner` does the three every step (by default Eq. 8-9's adaptive total, λ
-calibrated once, with a step-cost guard: the planner the integrations use); :func:`plan`
-is one step of Eq. 9 with a given λ and cost slope.  Each
+calibrated once, as the paper: the planner the integrations use; ``guard=True`` adds the
+project's step-cost guard); :func:`plan` is one step of Eq. 9 with a given λ and cost
+slope.  Each
 :class:`PromptPlan`'s :meth:`~PromptPlan.rl_params` is the ``extra_args`` of the request
 carrying the group.  Everything here is pure Python (stdlib only) and deterministic.
 """
@@ -325,8 +326,10 @@ class DartsPlanner:
        gives no λ; unless ``lam`` is given it is calibrated once, on the first step with
        lengths, so that this step's M_total is App. B's observed mean 1.5 MN
        (:func:`.budget.lambda_for_budget`); after that the total follows ρ_t / k_t.
-       1.5 MN (:attr:`COLD_BUDGET`) is the cold start, the first step only.  One guard
-       on top (``guard=True``, the default): where the step-cost model predicts the
+       1.5 MN (:attr:`COLD_BUDGET`) is the cold start, the first step only.  That is the
+       paper's algorithm and the default.  The project's option ``guard=True`` adds one
+       guard on top (off by default: the paper's shaping pays across steps, Sec. 4.2.2,
+       which a one-step cost model cannot see): where the step-cost model predicts the
        plan's step slower than the same step with no redundancy
        (:func:`.budget.choose_budget` of the two: Eq. 4 at the batch still running, a
        dual-end group running all its samples, a saturated one stopping at its M-th
@@ -364,7 +367,7 @@ class DartsPlanner:
                  stats: LengthStats | None = None, cost: Any = "h100",
                  max_tokens: int | None = None,
                  candidates: Sequence[float] = CANDIDATES, max_live: int | None = None,
-                 seed: int = 0, lam: float | None = None, guard: bool = True) -> None:
+                 seed: int = 0, lam: float | None = None, guard: bool = False) -> None:
         if budget in self.MODES:
             if cost is None:
                 raise ValueError(f"DartsPlanner budget={budget!r} needs a step-cost model "

@@ -48,11 +48,15 @@ class TrainingMark:
     baseline: bool
     info: RolloutInfo | None = None
     eps_kept: bool = False            # DUET: kept at the gate by its coin (weight 1/eps)
+    padding: bool = False             # no sample: a row a trainer's fixed group shape
+                                      # needed (TRL's slots), out of everything
 
     @property
     def reason(self) -> str:
         if self.info is not None:
             return self.info.reason.value
+        if self.padding:
+            return "padding"
         return "stock" if self.keep else Reason.ABORT.value
 
 

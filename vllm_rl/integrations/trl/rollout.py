@@ -92,6 +92,8 @@ class RolloutFunc:
             raise ValueError("RolloutFunc(arrol_feedback=...) needs reward=(prompt, text) -> float")
         self.loaded_step: int | None = None
         self.calls = 0
+        self._outs: list = []
+        self._prepared: tuple[list, dict] | None = None   # (prompts, rows): prepare()'s
         self.last = Rollout()
         self.last_weights: list[float] = []     # per returned sample, in TRL's order
         self.last_marks: list[TrainingMark] = []
@@ -138,6 +140,44 @@ class RolloutFunc:
             self.loaded_step = step
 
     def __call__(self, prompts: Sequence[Any], trainer) -> dict[str, list]:
+        if self._prepared is not None and self._prepared[0] == list(prompts):
+            result, self._prepared = self._prepared[1], None      # RLGRPOTrainer's slots
+            return result
+        m = _group_size(prompts)
+        self._generate(prompts, trainer)
+        slots = self.slots(m)
+        if slots > m:
+            raise ValueError(
+                f"this step has a group of {slots} samples that belong in the loss or the "
+                f"baseline (DARTS's M plus DUET's eps-kept), more than TRL's num_generations "
+                f"= {m}: train with vllm_rl.integrations.trl.trainer.RLGRPOTrainer, which "
+                "gives each group the slots it needs (plain GRPOTrainer would drop one)")
+        return self._rows(slots)
+
+    def prepare(self, prompts: Sequence[Any], trainer, multiple: int = 1) -> int:
+        """Generate the step for ``prompts`` (each prompt M times in a row, as TRL hands
+        them) and return the slots per prompt its groups need (:meth:`slots`, raised so
+        that the batch divides into ``multiple`` equal parts); the next call with each
+        prompt repeated that many times returns the rows
+        (:class:`~vllm_rl.integrations.trl.trainer.RLGRPOTrainer` does both)."""
+        m = _group_size(prompts)
+        self._generate(prompts, trainer)
+        slots = self.slots(m)
+        while (len(self.last.prompts) * slots) % max(multiple, 1):
+            slots += 1
+        self._prepared = ([p for p in self.last.prompts for _ in range(slots)],
+                          self._rows(slots))
+        return slots
+
+    def slots(self, m: int) -> int:
+        """Rows per prompt the last step needs: M, or more where a group has more samples
+        in the loss or its baseline (a DARTS group's M and DUET's eps-kept beside them)."""
+        return max([m] + [sum(mk.keep or mk.baseline for mk in marks)
+                          for marks in self.last.marks])
+
+    def _generate(self, prompts: Sequence[Any], trainer) -> None:
+        """One step: the weights in, each distinct prompt once with n = M' (its plan),
+        the records read and marked into :attr:`last`."""
         self.load(trainer)
         distinct, counts = [], []
         for p in prompts:
@@ -156,12 +196,10 @@ class RolloutFunc:
         outs = self.llm.generate(list(distinct), params, use_tqdm=False)
         wall = time.perf_counter() - t0
         self.calls += 1
-        result: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs",
-                                                   "env_mask", WEIGHT, BASELINE, RECORD)}
         self.last = Rollout(prompts=list(distinct), wall_s=wall,
                             redundant=[sp.n for sp in params])
-        self.last_marks, self.last_texts = [], []
-        for out, m, sp in zip(outs, counts, params):
+        self._outs = outs
+        for out, sp in zip(outs, params):
             comps = list(out.outputs)
             infos = [getattr(c, "rollout_info", None) or RolloutInfo.from_completion(c)
                      for c in comps]
@@ -171,9 +209,26 @@ class RolloutFunc:
             self.last.marks.append(marks)
             self.last.texts.append([c.text for c in comps])
             self.last.generated_tokens += sum(len(c.token_ids) for c in comps)
-            order = sorted(range(len(comps)), key=lambda i: _rank(marks[i]))[:m]
+        self._feedback()
+
+    def _rows(self, slots: int) -> dict[str, list]:
+        """``slots`` rows per prompt, in TRL's order: the training group, then the samples
+        whose reward only counts in the baseline (DUET's aborted, Alg. A.10 l.38), then
+        the others (in neither); a prompt with fewer samples than ``slots`` is padded with
+        copies of its shortest sample marked out of everything (``env_mask`` 0, weight 0,
+        baseline 0, record ``""``)."""
+        result: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs",
+                                                   "env_mask", WEIGHT, BASELINE, RECORD)}
+        self.last_marks, self.last_texts = [], []
+        for out, marks, texts in zip(self._outs, self.last.marks, self.last.texts):
+            comps = list(out.outputs)
+            order = sorted(range(len(comps)), key=lambda i: _rank(marks[i]))[:slots]
+            shortest = min(range(len(comps)), key=lambda i: len(comps[i].token_ids))
+            order += [None] * (slots - len(order))
             for i in order:
-                c, mark = comps[i], marks[i]
+                pad = i is None
+                c = comps[shortest if pad else i]
+                mark = PADDING if pad else marks[i]
                 ids = list(c.token_ids)
                 result["prompt_ids"].append(list(out.prompt_token_ids))
                 result["completion_ids"].append(ids)
@@ -182,11 +237,11 @@ class RolloutFunc:
                 result["env_mask"].append([1 if mark.keep else 0] * len(ids))
                 result[WEIGHT].append(mark.weight if mark.keep else 0.0)
                 result[BASELINE].append(1 if mark.baseline else 0)
-                result[RECORD].append((mark.info or infos[i]).encode())
+                result[RECORD].append("" if pad else (mark.info or
+                                                      RolloutInfo.from_completion(c)).encode())
                 self.last_marks.append(mark)
                 self.last_texts.append(c.text)
         self.last_weights = list(result[WEIGHT])
-        self._feedback()
         return result
 
     def _feedback(self) -> None:
@@ -205,6 +260,18 @@ class RolloutFunc:
             update = self.arrol_feedback.observe(infos, rewards, prompts)
             if update is not None:
                 self.llm.arrol_update(**update)
+
+
+# A padding row: its prompt had fewer samples than the batch's slots per prompt.
+PADDING = TrainingMark(keep=False, weight=0.0, baseline=False, padding=True)
+
+
+def _group_size(prompts: Sequence[Any]) -> int:
+    """M: how many times TRL repeated the first prompt (each prompt M times in a row)."""
+    m = 1
+    while m < len(prompts) and prompts[m] == prompts[0]:
+        m += 1
+    return m
 
 
 def _rank(mark: TrainingMark) -> tuple:

@@ -11,6 +11,14 @@ surrogate is positively homogeneous in the advantage, so this is the weighted lo
 otherwise.  One process; under several processes each process weights the slice it
 generated, which is the slice TRL keeps.
 
+TRL gives every prompt ``num_generations`` (M) rows.  A step's group may need more: a
+DARTS group's M and, beside them, DUET's eps-kept samples (the composition rule), all in
+the loss.  With a :class:`~vllm_rl.integrations.trl.rollout.RolloutFunc` this trainer
+generates first (:meth:`RolloutFunc.prepare`) and gives every prompt of the step the
+rows its largest group needs, so no sample in the loss or the baseline is ever cut;
+smaller groups fill the extra rows with their unselected samples or padding rows, out
+of the loss and the baseline.
+
 Every step it also logs the learning-signal diagnostics of
 :func:`vllm_rl.integrations.common.advantages.step_diagnostics` as ``vllm_rl/<name>``
 (samples in the loss per group, share of zero-advantage groups, effective sample size of
@@ -24,6 +32,7 @@ import torch
 from trl import GRPOTrainer
 
 from vllm_rl.integrations.common.advantages import step_diagnostics
+from vllm_rl.integrations.trl.rollout import RolloutFunc
 
 
 class _OutOfBaselineNote(logging.Filter):
@@ -52,9 +61,25 @@ class RLGRPOTrainer(GRPOTrainer):
         if _FILTER not in log.filters:
             log.addFilter(_FILTER)
 
+    takes_slots = True      # RolloutFunc: groups may get more rows than num_generations
+
     def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
         rollout = self.rollout_func
+        m = self.num_generations
+        slots = m
+        if isinstance(rollout, RolloutFunc) and self.model.training:
+            # The step's groups may hold more samples in the loss or the baseline than
+            # num_generations (DARTS's M and DUET's eps-kept beside them): generate first,
+            # then give every prompt the rows its largest group needs.
+            slots = rollout.prepare([x["prompt"] for x in inputs], self,
+                                    multiple=self.args.steps_per_generation or 1)
+            if slots != m:
+                inputs = [dict(x) for x in inputs[::m] for _ in range(slots)]
+        self.num_generations = slots
+        try:
+            out = super()._generate_and_score_completions(inputs)
+        finally:
+            self.num_generations = m
         weights = getattr(rollout, "last_weights", None)
         if weights:
             adv = out["advantages"]
@@ -65,7 +90,7 @@ class RLGRPOTrainer(GRPOTrainer):
                 if len(marks) == len(weights):
                     a = out["advantages"]
                     flat = (a if a.dim() == 1 else a[:, 0]).tolist()
-                    groups = [i // self.num_generations for i in range(len(flat))]
+                    groups = [i // slots for i in range(len(flat))]
                     self.diagnostics = step_diagnostics(marks, flat, groups)
                     mode = "train" if self.model.training else "eval"
                     for k, v in self.diagnostics.items():
