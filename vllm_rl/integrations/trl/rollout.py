@@ -65,6 +65,7 @@ class Rollout:
     marks: list[list[TrainingMark]] = field(default_factory=list)    # per prompt, all M′
     texts: list[list[str]] = field(default_factory=list)
     redundant: list[int] = field(default_factory=list)               # M′ per prompt
+    flags: list[dict | None] = field(default_factory=list)           # the flags it ran with
     generated_tokens: int = 0
     wall_s: float = 0.0
 
@@ -205,6 +206,7 @@ class RolloutFunc:
                      for c in comps]
             flags = (sp.extra_args or {}).get("vllm_rl")
             marks = training_marks(infos, [flags] * len(comps))
+            self.last.flags.append(flags)
             self.last.infos.append([mk.info or i for mk, i in zip(marks, infos)])
             self.last.marks.append(marks)
             self.last.texts.append([c.text for c in comps])
