@@ -297,3 +297,55 @@ def test_every_sample_the_records_keep_reaches_trls_loss(das_llm):
     eps_kept = [mk for step in seen for g in step[4] for mk in g if mk.eps_kept]
     assert eps_kept and all(mk.weight == 2.0 and mk.keep and mk.baseline for mk in eps_kept)
     assert overflow, "a group needed more rows than num_generations (not vacuous)"
+
+
+def test_duet_allocator_sets_each_prompts_rollouts_and_weights(das_llm):
+    """DUET alone through TRL runs its allocator (Thm. 1 / Eq. 4, the paper's default):
+    the first step is cold (every prompt M), the second splits the full budget by each
+    prompt's running σ̂_obs and L̂ (n in [2, 2M]); each prompt's rows carry Eq. 6's
+    weight (1/p_abort)/s_pre, and TRL's advantages are the shared group_advantages over
+    the rows, padding rows (a prompt given fewer than the slots) out of everything."""
+    from vllm_rl.duet.controller import DuetController
+    from vllm_rl.integrations.common.advantages import group_advantages
+    from vllm_rl.integrations.trl.rollout import RolloutFunc
+    from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
+    from vllm_rl.task import reward, train_prompts
+
+    m = 4
+    flags = {"duet": {"pattern": MARKER, "k1": 16, "k2": 40, "grace": 8, "eps": 0.5}}
+    seen = []
+
+    class Capture(RLGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            seen.append((out["advantages"].clone(), list(rollout.last_marks),
+                         list(rollout.last_texts), list(rollout.last.prompts),
+                         list(rollout.last.redundant), dict(rollout._strata)))
+            return out
+
+    rollout = RolloutFunc(das_llm, flags, max_tokens=96, seed=23)
+    prompts = train_prompts(40)[32:36] * 2          # the same 4 prompts, two steps
+    trainer = _grpo_trainer(Capture, rollout, prompts, "alloc", steps=2, batch=4 * m,
+                            max_tokens=96, m=m)
+    try:
+        trainer.train()
+    finally:
+        das_llm.load_weights(_initial_state())
+    assert isinstance(rollout.duet_allocation, DuetController)
+    (_, _, _, _, cold, _), step2 = seen
+    assert cold == [m] * 4                                   # a cold batch: uniform
+    advantages, rows, texts, prompts2, counts, strata = step2
+    assert all(2 <= n <= 2 * m for n in counts) and len(strata) == 4
+    slots = len(rows) // 4
+    assert slots == max(m, max(counts))
+    for g, (prompt, n) in enumerate(zip(prompts2, counts)):
+        mine = rows[g * slots:(g + 1) * slots]
+        assert sum(mk.info is not None for mk in mine) == n     # every rollout returned
+        s_pre = strata[rollout.problem_id(prompt)]
+        for mk in mine:
+            if mk.keep:
+                assert mk.weight == pytest.approx(1 / mk.info.keep_prob / s_pre)
+    rewards = [reward(prompts2[i // slots], t) for i, t in enumerate(texts)]
+    expected = group_advantages(rewards, rows, [i // slots for i in range(len(rows))])
+    assert advantages.tolist() == pytest.approx(expected, abs=1e-4)
+    assert rollout.duet_allocation.observations(rollout.problem_id(prompts2[0])) >= 1

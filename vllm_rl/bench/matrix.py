@@ -63,8 +63,9 @@ def technique_flags(name: str, max_tokens: int, l_detect: int = 24,
 # The project's options on a technique, named in a configuration as ``technique:option``
 # (``darts:guard``): each departs from its paper's default (``docs/flags.md``).
 # darts:guard: DartsPlanner(guard=True); das:class: Sec. 4.2.3's length classes;
-# duet:eps1: eps = 1, the gate keeps every sample (DUET's trim alone: an ablation).
-OPTIONS = {"darts": ("guard",), "das": ("class",), "duet": ("eps1",)}
+# duet:eps1: eps = 1, the gate keeps every sample (DUET's trim alone: an ablation);
+# duet:gate: the gate without the allocator (every prompt M; bench train's RolloutFunc).
+OPTIONS = {"darts": ("guard",), "das": ("class",), "duet": ("eps1", "gate")}
 
 
 def parse(name: str) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:

@@ -1,4 +1,4 @@
-"""``vllm-rl bench train``: time-to-accuracy of GRPO through the engine, stock vs each technique.
+"""``vllm-rl bench train``: time to accuracy of GRPO through the engine, at equal rollout time.
 
 TRL's ``GRPOTrainer`` trains the embedded model with rollouts from an engine in the same
 process (:class:`vllm_rl.integrations.trl.rollout.RolloutFunc`, the trainer's weights into the
@@ -6,16 +6,28 @@ engine every step), one run per (configuration, seed), every run from the same m
 
 * ``stock``: stock vLLM (its own scheduler) and plain GRPO, M samples per prompt;
 * ``darts``: DARTS Alg. 1 + 2 (per-prompt M'_i in [M, 2M] for App. B's Eq. 8-9 total,
-  1.5 MN on the first steps, with the step-cost guard: ``DartsPlanner``; dual-end
-  K = M − 1, L = 1, shortest-only with early stop where the allocation saturates);
+  1.5 MN on the first step: ``DartsPlanner``; dual-end K = M − 1, L = 1, shortest-only
+  with early stop where the allocation saturates); ``darts:guard`` adds the project's
+  step-cost guard;
 * ``duet``: DUET's marker gate with eps-keep (eps = 0.05, G scaled to ``max_tokens`` as
   150 of 3,072, K1/K2 the engine's online natural-length estimate, App. A.3), the group
-  baseline over all samples (Alg. A.10 l.38);
-* ``das``: DAS drafting from per-problem suffix trees (lossless);
+  baseline over all samples (Alg. A.10 l.38), and its allocator (Thm. 1 / Eq. 4: each
+  prompt's n in [2, 2M] for the full budget, Eq. 6's stratification weights);
+  ``duet:gate`` is the gate without the allocator (every prompt M), ``duet:eps1`` keeps
+  every sample at the gate (the trim alone: an ablation);
+* ``das``: DAS drafting from per-problem suffix trees (lossless); ``das:class`` with
+  Sec. 4.2.3's length classes;
 * ``arrol``: ARRoL pruning at ``l_detect`` with the shared feedback (labels from natural
-  ends, head fitted over the buffer, trace features, cold start, the gate: a held-out
-  within-group AUC floor and the balance test);
-* ``all``: the four together under the composition rule (``docs/ARCHITECTURE.md``).
+  ends, head fitted over the buffer, trace features, the cold start, then the gate:
+  Eq. 2's steering against random pruning at the same keep rate);
+* ``all``: the four together under the composition rule (``docs/ARCHITECTURE.md``), and
+  any ``+``-combination (``das+darts``).
+
+**Equal rollout time.**  Stock trains ``--steps`` steps; every other configuration
+trains until its projected rollout time, host counted, reaches stock's for the same seed
+(``--budget time``; at most ``--max-steps``), so a faster configuration gets more steps,
+as it would on a GPU in the same hours.  The learning rate is constant (``--lr-schedule
+constant``), so a run's schedule does not depend on how many steps its budget buys.
 
 Each step's rollout is priced on a measured GPU step-cost table (``--cost``, default the
 H100 table for Qwen3-8B shapes): the engine's own steps (batch, query widths, contexts
@@ -214,9 +226,11 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
 
         planner = DartsPlanner(args.m, max_tokens=args.max_tokens,
                                guard="guard" in parse(name)[1].get("darts", ()))
+    gate_only = "gate" in parse(name)[1].get("duet", ())
     rollout = RolloutFunc(llm, flags, max_tokens=args.max_tokens, seed=seed,
                           problem_id=lambda p: p, arrol_feedback=feedback, planner=planner,
-                          reward=reward if feedback is not None else None)
+                          reward=reward if feedback is not None else None,
+                          duet_allocation=None if gate_only else "auto")
     max_steps = args.steps if budget_s is None else (args.max_steps or 3 * args.steps)
     cost = load_cost(args.cost)
     trace = engine_trace(llm)

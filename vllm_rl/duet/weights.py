@@ -57,13 +57,15 @@ def stratification_factors(counts: Sequence[int], eps_pre: float = EPS_PRE) -> l
 
 
 def status_of(info) -> str:
-    """The DUET status of a sample from its engine record (:class:`vllm_rl.RolloutInfo`)."""
-    from vllm_rl.outcome import Reason
+    """The DUET status of a sample from its engine record (:class:`vllm_rl.RolloutInfo`):
+    a sample something else ended before its natural end (ARRoL's coin, the client, a
+    DARTS stop) counts as :data:`ABORTED` here too (weight 0, out of the estimates)."""
+    from vllm_rl.outcome import NOT_RUN_OUT
 
-    if info.reason is Reason.DUET_ABORTED:
-        return ABORTED
-    if info.keep_prob is not None and info.keep_prob < 1.0:
+    if info.eps_kept:
         return EPS_KEPT
+    if info.reason in NOT_RUN_OUT:
+        return ABORTED
     return KEPT
 
 

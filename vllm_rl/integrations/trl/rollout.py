@@ -39,7 +39,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from vllm import SamplingParams
@@ -83,7 +83,8 @@ class RolloutFunc:
                  max_tokens: int = 256, temperature: float = 1.0, seed: int = 0,
                  problem_id: Callable[[str], str] = default_problem_id,
                  sync_weights: bool = True, planner=None, arrol_feedback=None,
-                 reward: Callable[[str, str], float] | None = None) -> None:
+                 reward: Callable[[str, str], float] | None = None,
+                 duet_allocation: Any = "auto", duet_budget: float = 1.0) -> None:
         self.llm, self.flags = llm, copy.deepcopy(flags) if flags else None
         self.redundant, self.max_tokens, self.temperature = redundant, max_tokens, temperature
         self.seed, self.problem_id, self.sync_weights = seed, problem_id, sync_weights
@@ -91,9 +92,13 @@ class RolloutFunc:
         self.arrol_feedback, self.reward = arrol_feedback, reward
         if arrol_feedback is not None and reward is None:
             raise ValueError("RolloutFunc(arrol_feedback=...) needs reward=(prompt, text) -> float")
+        self.duet_allocation, self.duet_budget = duet_allocation, float(duet_budget)
+        self._seen: set = set()                 # prompt ids allocated so far (DUET's epoch)
+        self._strata: dict = {}                 # this step's s_pre per prompt id (DUET)
         self.loaded_step: int | None = None
         self.calls = 0
         self._outs: list = []
+        self._logprob_sums: list[float] = []
         self._prepared: tuple[list, dict] | None = None   # (prompts, rows): prepare()'s
         self.last = Rollout()
         self.last_weights: list[float] = []     # per returned sample, in TRL's order
@@ -107,14 +112,63 @@ class RolloutFunc:
             self.planner = DartsPlanner(m, max_tokens=self.max_tokens)
         return self.planner if self.redundant is None else None
 
-    def _params(self, prompt: str, m: int, plan=None) -> SamplingParams:
+    def _duet_allocator(self, m: int):
+        """DUET's allocator (Thm. 1 / Eq. 4, :class:`~vllm_rl.duet.controller.
+        DuetController`) where DUET runs without DARTS and M' is not fixed: made with
+        n in [2, 2M] at the first step (``duet_allocation="auto"``), or the one given;
+        None: every prompt gets M."""
+        flags = self.flags or {}
+        if (self.duet_allocation is None or "duet" not in flags or "darts" in flags
+                or self.redundant is not None):
+            return None
+        if self.duet_allocation == "auto":
+            from vllm_rl.duet.controller import DuetController
+
+            self.duet_allocation = DuetController(self.max_tokens / 2, n_max=2 * m)
+        return self.duet_allocation
+
+    def _allocate(self, ids: list, m: int) -> list[int] | None:
+        """Alg. A.10 Phase 1: n_q per prompt for the budget B = ``duet_budget`` × M ×
+        Σ_q L̂_q (the token cost of M rollouts each; 1.0: the paper's full budget), and
+        the stratification factors s_pre for Eq. 6's weights; s_floor frozen at the first
+        step that repeats a prompt (the end of the first epoch, App. A.3)."""
+        alloc = self._duet_allocator(m)
+        if alloc is None:
+            self._strata = {}
+            return None
+        if self._seen.intersection(ids):
+            alloc.end_epoch()
+        self._seen.update(ids)
+        counts = alloc.allocate(ids, self.duet_budget * m * sum(alloc.length(q) for q in ids))
+        self._strata = alloc.stratification()
+        return [counts[q] for q in ids]
+
+    def observe_advantages(self, advantages: Sequence[float], slots: int) -> None:
+        """Alg. A.10 Phase 4 for DUET's allocator: each prompt's kept rollouts (their
+        unweighted GRPO advantages, sampled sequence log-probs, lengths, statuses) into
+        σ̂_q^obs and L̂_q.  ``advantages`` are TRL's, one per returned row."""
+        alloc = self.duet_allocation
+        if not self._strata or not hasattr(alloc, "observe"):
+            return
+        from vllm_rl.duet.weights import status_of
+
+        for g, prompt in enumerate(self.last.prompts):
+            rows = range(g * slots, (g + 1) * slots)
+            rows = [i for i in rows if self.last_marks[i].info is not None]
+            alloc.observe(self.problem_id(prompt), [advantages[i] for i in rows],
+                          [self._logprob_sums[i] for i in rows],
+                          [self.last_marks[i].info.length for i in rows],
+                          [status_of(self.last_marks[i].info) for i in rows])
+
+    def _params(self, prompt: str, m: int, plan=None, n: int | None = None) -> SamplingParams:
         from vllm_rl import rl_params
 
-        n = plan.n if plan is not None else max(self.redundant or m, m)
+        if n is None:
+            n = plan.n if plan is not None else max(self.redundant or m, m)
         extra = None
         if self.flags is not None:
             flags = copy.deepcopy(self.flags)
-            flags.setdefault("group", {})["size"] = m
+            flags.setdefault("group", {})["size"] = min(m, n)
             if plan is not None and plan.off:               # M' = M: DARTS off here
                 del flags["darts"]
             elif plan is not None:
@@ -188,11 +242,14 @@ class RolloutFunc:
                 distinct.append(p)
                 counts.append(1)
         plans = [None] * len(distinct)
+        ids = [self.problem_id(p) for p in distinct]
         if self.flags is not None and "darts" in self.flags:
             planner = self._darts_planner(counts[0])
             if planner is not None:
-                plans = planner.plan([self.problem_id(p) for p in distinct])
-        params = [self._params(p, m, plan) for p, m, plan in zip(distinct, counts, plans)]
+                plans = planner.plan(ids)
+        ns = self._allocate(ids, counts[0]) or [None] * len(distinct)
+        params = [self._params(p, m, plan, n)
+                  for p, m, plan, n in zip(distinct, counts, plans, ns)]
         t0 = time.perf_counter()
         outs = self.llm.generate(list(distinct), params, use_tqdm=False)
         wall = time.perf_counter() - t0
@@ -200,12 +257,16 @@ class RolloutFunc:
         self.last = Rollout(prompts=list(distinct), wall_s=wall,
                             redundant=[sp.n for sp in params])
         self._outs = outs
-        for out, sp in zip(outs, params):
+        for prompt, out, sp in zip(distinct, outs, params):
             comps = list(out.outputs)
             infos = [getattr(c, "rollout_info", None) or RolloutInfo.from_completion(c)
                      for c in comps]
             flags = (sp.extra_args or {}).get("vllm_rl")
             marks = training_marks(infos, [flags] * len(comps))
+            strata = self._strata.get(self.problem_id(prompt), 1.0)
+            if strata != 1.0:           # Eq. 6: w = (1 - I_abort) / (s_pre p_abort)
+                marks = [replace(mk, weight=mk.weight / strata) if mk.keep else mk
+                         for mk in marks]
             self.last.flags.append(flags)
             self.last.infos.append([mk.info or i for mk, i in zip(marks, infos)])
             self.last.marks.append(marks)
@@ -221,7 +282,7 @@ class RolloutFunc:
         baseline 0, record ``""``)."""
         result: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs",
                                                    "env_mask", WEIGHT, BASELINE, RECORD)}
-        self.last_marks, self.last_texts = [], []
+        self.last_marks, self.last_texts, self._logprob_sums = [], [], []
         for out, marks, texts in zip(self._outs, self.last.marks, self.last.texts):
             comps = list(out.outputs)
             order = sorted(range(len(comps)), key=lambda i: _rank(marks[i]))[:slots]
@@ -236,6 +297,7 @@ class RolloutFunc:
                 result["completion_ids"].append(ids)
                 result["logprobs"].append([lp[t].logprob for lp, t in zip(c.logprobs or [], ids)]
                                           if c.logprobs else [0.0] * len(ids))
+                self._logprob_sums.append(sum(result["logprobs"][-1]))
                 result["env_mask"].append([1 if mark.keep else 0] * len(ids))
                 result[WEIGHT].append(mark.weight if mark.keep else 0.0)
                 result[BASELINE].append(1 if mark.baseline else 0)

@@ -92,6 +92,9 @@ class RLGRPOTrainer(GRPOTrainer):
                     flat = (a if a.dim() == 1 else a[:, 0]).tolist()
                     groups = [i // slots for i in range(len(flat))]
                     self.diagnostics = step_diagnostics(marks, flat, groups)
+                    if isinstance(rollout, RolloutFunc):   # DUET's Phase 4, unweighted
+                        raw = (adv if adv.dim() == 1 else adv[:, 0]).tolist()
+                        rollout.observe_advantages(raw, slots)
                     mode = "train" if self.model.training else "eval"
                     for k, v in self.diagnostics.items():
                         self._metrics[mode][f"vllm_rl/{k}"].append(v)
