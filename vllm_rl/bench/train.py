@@ -80,11 +80,11 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vllm-rl bench train", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n", 1)[0] + "\n\n" + __doc__.split("\n\n", 1)[1])
-    ap.add_argument("--configs", default="all",
+    ap.add_argument("--configs", default="das",
                     help=f"comma-separated, among {', '.join(CONFIGS)} or any '+'-combination "
                          "of the techniques (das+darts), a technique with a project option "
                          "as technique:option (darts:guard, das:class); stock always runs "
-                         "(default: the four together, all)")
+                         "(default: das, the default combination)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration (default 3)")
     ap.add_argument("--steps", type=int, default=40,
                     help="stock's GRPO steps per run (default 40); its projected rollout "
@@ -607,6 +607,18 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def color_of(names: list[str]) -> dict[str, str]:
+    """Each configuration's colour: :data:`COLORS`' for the named ones, the others from
+    the tab palette's colours no named one uses, so no two lines share one."""
+    spare = [c for c in ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray",
+                         "tab:red", "tab:purple", "tab:blue", "tab:orange", "tab:green")
+             if c not in {COLORS[n] for n in names if n in COLORS}]
+    out = {}
+    for name in names:
+        out[name] = COLORS.get(name) or (spare.pop(0) if spare else "tab:gray")
+    return out
+
+
 def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
     import matplotlib
 
@@ -616,9 +628,10 @@ def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
     host = all("h100_host_s" in st for r in runs for st in r["steps"])
     keys = [AXES["host"]] * host + [AXES["gpu"], None]
     fig, axes = plt.subplots(1, len(keys), figsize=(7 * len(keys), 5.5))
+    colors = color_of(list(summary))
     for name in summary:
         rs = [r for r in runs if r["config"] == name]
-        style = dict(color=COLORS.get(name), lw=2.4 if name in ("stock", "all") else 1.4,
+        style = dict(color=colors[name], lw=2.4 if name in ("stock", "all") else 1.4,
                      ls="--" if name == "stock" else "-")
         for a, key in zip(axes, keys):
             curves = [curve(r, key or AXES["gpu"]) for r in rs]
@@ -629,7 +642,7 @@ def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
             a.plot(x, [statistics.fmean(v) for v in acc], marker="o", ms=4, label=name,
                    **style)
             a.fill_between(x, [min(v) for v in acc], [max(v) for v in acc],
-                           color=COLORS.get(name), alpha=0.12)
+                           color=colors[name], alpha=0.12)
     if "stock" in summary:
         s = summary["stock"]
         for a in axes:
