@@ -32,8 +32,7 @@ def _expected(records: list[tuple[RolloutInfo, int]]) -> dict:
         add("vllm_rl:darts_cancelled_total", info.reason is Reason.DARTS_CANCELLED)
         add("vllm_rl:arrol_pruned_total", info.reason is Reason.ARROL_PRUNED)
         add("vllm_rl:arrol_scored_total", info.score is not None)
-        add("vllm_rl:duet_eps_kept_total", info.keep_prob is not None and info.keep_prob < 1
-            and info.reason is not Reason.DUET_ABORTED)
+        add("vllm_rl:duet_eps_kept_total", info.eps_kept)
         add("vllm_rl:draft_tokens_proposed_total", info.draft_proposed or 0)
         add("vllm_rl:draft_tokens_accepted_total", info.draft_accepted or 0)
         add("vllm_rl:draft_rounds_total", info.draft_rounds or 0)
@@ -45,7 +44,9 @@ def _expected(records: list[tuple[RolloutInfo, int]]) -> dict:
 
 
 def _rl(delta: dict) -> dict:
-    return {k: v for k, v in delta.items() if k.startswith(rlm.NAMESPACE)}
+    """The counters' increments (the gauges hold last values, compared on their own)."""
+    gauges = {rlm.NAMESPACE + name for name in rlm.GAUGES}
+    return {k: v for k, v in delta.items() if k.startswith(rlm.NAMESPACE) and k not in gauges}
 
 
 # ------------------------------------------------------------------------- in-process
@@ -87,11 +88,23 @@ def test_observe_output_counts_records_and_flagged_samples_without_one():
     rlm.observe_output(flagged, FinishReason.ERROR, None)
     rlm.observe_output(stock, FinishReason.STOP, None)
     rlm.observe_output(stock, FinishReason.LENGTH, None)
-    got = _delta(rlm.snapshot(), before)
+    gauges = {rlm.NAMESPACE + name for name in rlm.GAUGES}        # last values, not counts
+    got = {k: v for k, v in _delta(rlm.snapshot(), before).items() if k not in gauges}
     want = _expected([(i, 100) for i in records]
                      + [(RolloutInfo(Reason.STOP, 7), 100), (RolloutInfo(Reason.ABORT, 7), 100)])
     assert got == want
     assert got['vllm_rl:tokens_saved_estimated_total{reason="darts_cancelled"}'] == 60
+
+
+def test_arrol_gate_gauge_follows_the_last_scored_record():
+    from vllm.v1.engine import FinishReason
+
+    flagged = SimpleNamespace(max_tokens_param=100, vllm_rl_flagged=True,
+                              detokenizer=SimpleNamespace(num_output_tokens=lambda: 7))
+    for p, open_ in ((0.5, 1.0), (None, 0.0)):
+        info = RolloutInfo(Reason.EOS, 40, 1.0, score=0.6, q=0.5, p=p)
+        rlm.observe_output(flagged, FinishReason.STOP, info.encode())
+        assert rlm.snapshot()["vllm_rl:arrol_gate_open"] == open_
 
 
 def test_head_auc_gauge_shows_the_last_calibrated_record():
