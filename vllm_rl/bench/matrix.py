@@ -92,6 +92,15 @@ def parse(name: str) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
     return tuple(techniques), options
 
 
+def is_config(name: str) -> bool:
+    """Whether ``name`` is a configuration (:func:`parse`)."""
+    try:
+        parse(name)
+    except ValueError:
+        return False
+    return True
+
+
 def engine_kind(name: str) -> str:
     """The engine a user would build for configuration ``name`` (ablations included):
     ``"stock"``, ``"das"`` (the RL engine with the DAS drafter) or ``"rl"`` (without)."""
@@ -102,5 +111,5 @@ def engine_kind(name: str) -> str:
     return "das" if "das" in parse(name)[0] else "rl"
 
 
-__all__ = ["CONFIGS", "OPTIONS", "PER_STEP", "parse", "TASK_MARKER", "TECHNIQUES", "duet_grace", "engine_kind",
+__all__ = ["CONFIGS", "OPTIONS", "PER_STEP", "is_config", "parse", "TASK_MARKER", "TECHNIQUES", "duet_grace", "engine_kind",
            "technique_flags"]

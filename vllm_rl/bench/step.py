@@ -41,17 +41,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_rl.bench.matrix import CONFIGS, engine_kind, parse, technique_flags
+from vllm_rl.bench.matrix import CONFIGS, engine_kind, is_config, technique_flags
 
 ARROL_GATES = ("steering", "cold", "balance", "auc")
-
-
-def _is_config(name: str) -> bool:
-    try:
-        parse(name)
-    except ValueError:
-        return False
-    return True
 
 
 def arrol_gate(name: str) -> dict:
@@ -290,7 +282,7 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
     ap = parser(prog)
     args = ap.parse_args(argv)
     names = [c for c in args.configs.split(",") if c and c != "stock"]
-    unknown = sorted(n for n in names if n not in EXTRA and not _is_config(n))
+    unknown = sorted(n for n in names if n not in EXTRA and not is_config(n))
     if unknown:
         ap.error(f"unknown configuration(s) {unknown}; choose from "
                  f"{', '.join(CONFIGS[1:] + EXTRA)}, a '+'-combination of the techniques, "

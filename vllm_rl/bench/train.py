@@ -70,7 +70,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_rl.bench.matrix import CONFIGS, parse, technique_flags
+from vllm_rl.bench.matrix import CONFIGS, is_config, parse, technique_flags
 
 COLORS = {"stock": "black", "darts": "tab:blue", "duet": "tab:orange", "das": "tab:green",
           "arrol": "tab:red", "all": "tab:purple"}
@@ -220,13 +220,14 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
     if flags and "arrol" in flags:
         feedback = ArrolFeedback(flags["arrol"], cold_start_steps=args.arrol_cold,
                                  hidden_size=hidden_size, seed=seed)
+    options = parse(name)[1]
     planner = None
     if flags and "darts" in flags:
         from vllm_rl.darts.controller import DartsPlanner
 
         planner = DartsPlanner(args.m, max_tokens=args.max_tokens,
-                               guard="guard" in parse(name)[1].get("darts", ()))
-    gate_only = "gate" in parse(name)[1].get("duet", ())
+                               guard="guard" in options.get("darts", ()))
+    gate_only = "gate" in options.get("duet", ())
     rollout = RolloutFunc(llm, flags, max_tokens=args.max_tokens, seed=seed,
                           problem_id=lambda p: p, arrol_feedback=feedback, planner=planner,
                           reward=reward if feedback is not None else None,
@@ -699,13 +700,7 @@ def budget_of(stock_run: dict, args) -> float | None:
 
 def check_configs(names: list[str]) -> list[str]:
     """The configurations' names that are not one (:func:`vllm_rl.bench.matrix.parse`)."""
-    bad = []
-    for name in names:
-        try:
-            parse(name)
-        except ValueError:
-            bad.append(name)
-    return bad
+    return [name for name in names if not is_config(name)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -147,15 +147,14 @@ class RolloutFunc:
         """Alg. A.10 Phase 4 for DUET's allocator: each prompt's kept rollouts (their
         unweighted GRPO advantages, sampled sequence log-probs, lengths, statuses) into
         σ̂_q^obs and L̂_q.  ``advantages`` are TRL's, one per returned row."""
-        alloc = self.duet_allocation
-        if not self._strata or not hasattr(alloc, "observe"):
+        if not self._strata:                    # no allocation this step
             return
         from vllm_rl.duet.weights import status_of
 
         for g, prompt in enumerate(self.last.prompts):
             rows = range(g * slots, (g + 1) * slots)
             rows = [i for i in rows if self.last_marks[i].info is not None]
-            alloc.observe(self.problem_id(prompt), [advantages[i] for i in rows],
+            self.duet_allocation.observe(self.problem_id(prompt), [advantages[i] for i in rows],
                           [self._logprob_sums[i] for i in rows],
                           [self.last_marks[i].info.length for i in rows],
                           [status_of(self.last_marks[i].info) for i in rows])
@@ -195,19 +194,18 @@ class RolloutFunc:
             self.loaded_step = step
 
     def __call__(self, prompts: Sequence[Any], trainer) -> dict[str, list]:
-        if self._prepared is not None and self._prepared[0] == list(prompts):
-            result, self._prepared = self._prepared[1], None      # RLGRPOTrainer's slots
-            return result
-        m = _group_size(prompts)
-        self._generate(prompts, trainer)
-        slots = self.slots(m)
-        if slots > m:
-            raise ValueError(
-                f"this step has a group of {slots} samples that belong in the loss or the "
-                f"baseline (DARTS's M plus DUET's eps-kept), more than TRL's num_generations "
-                f"= {m}: train with vllm_rl.integrations.trl.trainer.RLGRPOTrainer, which "
-                "gives each group the slots it needs (plain GRPOTrainer would drop one)")
-        return self._rows(slots)
+        if self._prepared is None or self._prepared[0] != list(prompts):
+            m = self._m_of(prompts)
+            slots = self.prepare(prompts, trainer)
+            if slots > m:
+                raise ValueError(
+                    f"this step has a group of {slots} samples that belong in the loss or "
+                    f"the baseline (DARTS's M plus DUET's eps-kept), more than TRL's "
+                    f"num_generations = {m}: train with vllm_rl.integrations.trl.trainer."
+                    "RLGRPOTrainer, which gives each group the slots it needs (plain "
+                    "GRPOTrainer would drop one)")
+        result, self._prepared = self._prepared[1], None
+        return result
 
     def prepare(self, prompts: Sequence[Any], trainer, multiple: int = 1) -> int:
         """Generate the step for ``prompts`` (each prompt M times in a row, as TRL hands
@@ -215,14 +213,20 @@ class RolloutFunc:
         that the batch divides into ``multiple`` equal parts); the next call with each
         prompt repeated that many times returns the rows
         (:class:`~vllm_rl.integrations.trl.trainer.RLGRPOTrainer` does both)."""
-        m = _group_size(prompts)
-        self._generate(prompts, trainer)
-        slots = self.slots(m)
+        slots = self.slots(self._generate(prompts, trainer))
         while (len(self.last.prompts) * slots) % max(multiple, 1):
             slots += 1
         self._prepared = ([p for p in self.last.prompts for _ in range(slots)],
                           self._rows(slots))
         return slots
+
+    @staticmethod
+    def _m_of(prompts: Sequence[Any]) -> int:
+        """M: how many times TRL repeated the first prompt (each prompt M times in a row)."""
+        m = 1
+        while m < len(prompts) and prompts[m] == prompts[0]:
+            m += 1
+        return m
 
     def slots(self, m: int) -> int:
         """Rows per prompt the last step needs: M, or more where a group has more samples
@@ -230,9 +234,9 @@ class RolloutFunc:
         return max([m] + [sum(mk.keep or mk.baseline for mk in marks)
                           for marks in self.last.marks])
 
-    def _generate(self, prompts: Sequence[Any], trainer) -> None:
+    def _generate(self, prompts: Sequence[Any], trainer) -> int:
         """One step: the weights in, each distinct prompt once with n = M' (its plan),
-        the records read and marked into :attr:`last`."""
+        the records read and marked into :attr:`last`.  Returns M."""
         self.load(trainer)
         distinct, counts = [], []
         for p in prompts:
@@ -257,13 +261,13 @@ class RolloutFunc:
         self.last = Rollout(prompts=list(distinct), wall_s=wall,
                             redundant=[sp.n for sp in params])
         self._outs = outs
-        for prompt, out, sp in zip(distinct, outs, params):
+        for pid, out, sp in zip(ids, outs, params):
             comps = list(out.outputs)
             infos = [getattr(c, "rollout_info", None) or RolloutInfo.from_completion(c)
                      for c in comps]
             flags = (sp.extra_args or {}).get("vllm_rl")
             marks = training_marks(infos, [flags] * len(comps))
-            strata = self._strata.get(self.problem_id(prompt), 1.0)
+            strata = self._strata.get(pid, 1.0)
             if strata != 1.0:           # Eq. 6: w = (1 - I_abort) / (s_pre p_abort)
                 marks = [replace(mk, weight=mk.weight / strata) if mk.keep else mk
                          for mk in marks]
@@ -273,6 +277,7 @@ class RolloutFunc:
             self.last.texts.append([c.text for c in comps])
             self.last.generated_tokens += sum(len(c.token_ids) for c in comps)
         self._feedback()
+        return counts[0]
 
     def _rows(self, slots: int) -> dict[str, list]:
         """``slots`` rows per prompt, in TRL's order: the training group, then the samples
@@ -328,14 +333,6 @@ class RolloutFunc:
 
 # A padding row: its prompt had fewer samples than the batch's slots per prompt.
 PADDING = TrainingMark(keep=False, weight=0.0, baseline=False, padding=True)
-
-
-def _group_size(prompts: Sequence[Any]) -> int:
-    """M: how many times TRL repeated the first prompt (each prompt M times in a row)."""
-    m = 1
-    while m < len(prompts) and prompts[m] == prompts[0]:
-        m += 1
-    return m
 
 
 def _rank(mark: TrainingMark) -> tuple:
