@@ -204,7 +204,7 @@ def _apply_runner() -> None:
     sample_tokens = GPUModelRunner.sample_tokens
     forward = GPUModelRunner._model_forward
     from vllm_rl.cost.host import WORKER
-    from vllm_rl.das.drafter import PATH_ATTR, PREP_ATTR
+    from vllm_rl.das.async_drafts import PATH_ATTR, PREP_ATTR
 
     @functools.wraps(bookkeeping)
     def _bookkeeping_sync(self, scheduler_output, sampler_output, *args, **kwargs):

@@ -3,12 +3,16 @@ drafter scheduled synchronously.
 
 The session's ``das_llm`` schedules asynchronously, as a DAS engine does on a GPU (on
 this CPU through ``vllm_rl_async_cpu``); this module starts the same engine with
-``das={"async_scheduling": False}``.  With the same requests (fresh problem ids, so both
-drafters start from empty trees) the two must agree on every token, every record's
-draft counts and every problem's drafted/accepted totals: the async drafter drafts the
-same tokens one step later in wall time, never later in the sequence.
+``das={"async_scheduling": False}``.  The async drafter drafts step n + 1 while step n
+runs, on a guess of step n's outcome (``DASConfig.lookahead``); the sync one from step
+n's tokens.  The drafts differ, the tokens do not: greedy, every token and logprob is the
+same; sampled, the output distribution is the same (a chi-square test over many seeded
+samples, as vLLM tests its rejection sampler against its target distribution).
 """
+from collections import Counter
+
 import pytest
+import torch
 from vllm import SamplingParams
 
 from vllm_rl import SCHEDULER_CLS, SYNC_SCHEDULER_CLS, rl_params
@@ -47,25 +51,68 @@ def test_engines_schedule_as_configured(das_llm, sync_das_llm):
     assert not s.async_scheduling and _name(s.scheduler_cls) == SYNC_SCHEDULER_CLS
 
 
-def test_async_drafts_the_same_tokens_and_records_as_sync(das_llm, sync_das_llm, prompts):
+def test_async_lookahead_gives_the_same_tokens_as_sync(das_llm, sync_das_llm, prompts):
+    """Greedy: the lookahead's drafts (made on guesses) and the synchronous drafter's
+    (made on the tokens) give every token and logprob alike; both draft, and each
+    record's counts sum to its problem's."""
     ps = prompts[:6]
     tag = "async-eq"
     a_out, a_stats = _run(das_llm, ps, tag, 0.0)
     s_out, s_stats = _run(sync_das_llm, ps, tag, 0.0)
-    drafted = accepted = 0
     for a, s in zip(a_out, s_out):
         for x, y in zip(a.outputs, s.outputs):
             assert list(x.token_ids) == list(y.token_ids)
             assert [next(iter(d.values())).logprob for d in x.logprobs] == \
                 [next(iter(d.values())).logprob for d in y.logprobs]
             ra, rs = x.rollout_info, y.rollout_info
-            assert (ra.reason, ra.length, ra.draft_proposed, ra.draft_accepted) == \
-                (rs.reason, rs.length, rs.draft_proposed, rs.draft_accepted)
-            drafted += ra.draft_proposed
-            accepted += ra.draft_accepted
-    assert a_stats == s_stats and len(a_stats) == len(ps)
-    assert accepted > 0 and drafted >= accepted
-    assert (drafted, accepted) == tuple(map(sum, zip(*a_stats.values())))
+            assert (ra.reason, ra.length) == (rs.reason, rs.length)
+    for out, stats in ((a_out, a_stats), (s_out, s_stats)):
+        drafted = sum(c.rollout_info.draft_proposed for o in out for c in o.outputs)
+        accepted = sum(c.rollout_info.draft_accepted for o in out for c in o.outputs)
+        assert accepted > 0 and drafted >= accepted and len(stats) == len(ps)
+        assert (drafted, accepted) == tuple(map(sum, zip(*stats.values())))
+
+
+def _chi2_p(a: Counter, b: Counter, min_count: int = 10) -> float:
+    """Two-sample chi-square test of homogeneity (categories with fewer than
+    ``min_count`` pooled samples merged): the p-value of "the same distribution"."""
+    keys = [k for k in a.keys() | b.keys() if a[k] + b[k] >= min_count]
+    rest = (sum(a.values()) - sum(a[k] for k in keys), sum(b.values()) - sum(b[k] for k in keys))
+    table = torch.tensor([[a[k] for k in keys] + [rest[0]], [b[k] for k in keys] + [rest[1]]],
+                         dtype=torch.float64)
+    table = table[:, table.sum(0) > 0]
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    stat = ((table - expected) ** 2 / expected).sum()
+    dof = table.shape[1] - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
+                                         stat / 2))
+
+
+def test_lookahead_drafting_samples_the_models_distribution(das_llm, prompts):
+    """Sampled at temperature 1, seeded: the tokens of requests that draft (the
+    lookahead, trees built from a first pass) against requests on the same engine that do
+    not.  At every position the drafts reach, the two samples are one distribution
+    (chi-square, p > 0.001 at each position); drafting did happen."""
+    prompt, positions, n = prompts[20], 4, 64
+
+    def params(seed, das):
+        flags = rl_params(das={"problem_id": "lossless", "policy": "fixed"}) if das else None
+        return SamplingParams(n=n, temperature=1.0, max_tokens=positions, seed=seed,
+                              extra_args=flags)
+
+    das_llm.generate([prompt] * 2, [params(s, True) for s in (1, 2)], use_tqdm=False)  # trees
+    drafted = das_llm.generate([prompt] * 8, [params(100 + s, True) for s in range(8)],
+                               use_tqdm=False)
+    plain = das_llm.generate([prompt] * 8, [params(200 + s, False) for s in range(8)],
+                             use_tqdm=False)
+    samples = {"das": [c for o in drafted for c in o.outputs],
+               "plain": [c for o in plain for c in o.outputs]}
+    assert sum(c.rollout_info.draft_accepted for c in samples["das"]) > n
+    for pos in range(1, positions):
+        # the joint law of the tokens up to pos: a drafted token changed anywhere shows
+        counts = {k: Counter(tuple(c.token_ids[:pos + 1]) for c in v
+                             if len(c.token_ids) > pos) for k, v in samples.items()}
+        assert _chi2_p(counts["das"], counts["plain"]) > 1e-3, pos
 
 
 @pytest.mark.parametrize("llm", ["das_llm", "sync_das_llm"])

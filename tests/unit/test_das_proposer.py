@@ -171,7 +171,7 @@ def test_phase_cap_drafts_the_rules_length_in_the_tail():
 def test_phase_cap_is_off_in_a_wide_batch_and_probes():
     """600 running requests at the prior acceptance 0.5: no request drafts (the tree is not
     asked) until PROBE_EVERY such steps, then PROBE_ROWS requests draft once."""
-    from vllm_rl.das.drafter import PROBE_EVERY, PROBE_ROWS
+    from vllm_rl.das.budgeting import PROBE_EVERY, PROBE_ROWS
 
     p, runner = _phase_proposer(), Runner()
     rows = [f"r{i}" for i in range(600)]
@@ -240,10 +240,11 @@ class AsyncRunner:
     def _copy_valid_sampled_token_count(self, last, counts):
         self.published = (last.tolist(), counts.tolist())
 
-    def step(self, proposer, sampled: dict):
+    def step(self, proposer, sampled):
         """One step: its execute_model (``before_step`` on the scheduler's placeholders:
-        8 per row), then its sampling (``sampled[rid]``; -1 padded) and ``propose``.
-        Returns the drafts each row verified in this step."""
+        8 per row), then its sampling (``sampled[rid]``, or ``sampled(verified)[rid]``:
+        the model's tokens given the drafts each row verifies; -1 padded) and
+        ``propose``.  Returns the drafts each row verified in this step."""
         import torch
 
         rows = list(self.rows)
@@ -255,6 +256,8 @@ class AsyncRunner:
         drafts = self._draft_token_ids
         verified = {r: drafts[i, :counts.get(r, 0)].tolist() if drafts is not None and counts
                     else [] for i, r in enumerate(getattr(self, "_prev_rows", ()))}
+        if callable(sampled):
+            sampled = sampled(verified)
         self.input_batch = SimpleNamespace(req_ids=rows,
                                            num_prompt_tokens=np.array([len(PROMPT)] * len(rows)))
         self.discard_request_mask = SimpleNamespace(np=np.zeros(len(rows), dtype=bool))
@@ -269,14 +272,15 @@ class AsyncRunner:
         return verified, counts
 
 
-def test_async_drafts_are_the_sync_drafts_one_step_later():
-    """The same tokens through a synchronous and an asynchronous runner: the async
-    drafter makes each step's drafts at the next step's start, the same tokens.  (The
-    linear cap: the cost cap counts the async drafter's measured host time.)"""
+def test_async_drafts_without_lookahead_are_the_sync_drafts_one_step_later():
+    """The same tokens through a synchronous and an asynchronous runner, the lookahead
+    off: the async drafter waits for each step's tokens at the next step's start and
+    drafts the same tokens.  (The linear cap: the cost cap counts the waiting drafter's
+    measured host time.)"""
     rollouts = [[11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, EOS],
                 [11, 12, 30, 31, 32, 33, 34, 35, EOS]]
     sync_p, sync_r = _proposer(batch_cap="linear"), Runner()
-    async_p, async_r = _proposer(batch_cap="linear"), AsyncRunner()
+    async_p, async_r = _proposer(batch_cap="linear", lookahead=False), AsyncRunner()
     for p, r in ((sync_p, sync_r), (async_p, async_r)):
         p.prebuild("P", rollouts, PROMPT)
         r.add("a", _request({"problem_id": "P", "policy": "fixed"}))
@@ -294,6 +298,74 @@ def test_async_drafts_are_the_sync_drafts_one_step_later():
     assert all(any(v) for v in expect)
     assert async_r.published == ([18, 33], [1, 1])   # each row's last token and count
     assert async_p.stats()["per_problem"]["P"]["drafted"] > 0
+
+
+def _follow(truth: list[int], pos: dict, diverge: dict | None = None):
+    """A model that generates ``truth`` (per row): it accepts the drafts that match it
+    and its bonus token is the next true token (``diverge[step]``: another token)."""
+    def sample(verified):
+        out = {}
+        for rid, d in verified.items():
+            toks = []
+            for t in d:
+                if t != truth[pos[rid]]:
+                    break
+                toks.append(t)
+                pos[rid] += 1
+            toks.append(truth[pos[rid]])
+            pos[rid] += 1
+            out[rid] = toks
+        return out
+    return sample
+
+
+def test_lookahead_drafts_from_the_guessed_outcome_without_waiting():
+    """Under async scheduling the drafts of step n + 1 are made before step n's tokens
+    are known: from the context up to step n - 1, step n's drafts and the tree's own
+    next token as step n's bonus token.  A model that follows the stored rollout accepts
+    every draft, as it does from synchronous drafts; none of the drafter's work waits
+    for the step in flight (its tokens are taken in one step later)."""
+    truth = list(range(11, 60)) + [EOS]
+    p, runner = _proposer(batch_cap="linear"), AsyncRunner()
+    p.prebuild("P", [truth], PROMPT)
+    runner.add("a", _request({"problem_id": "P", "policy": "fixed"}, max_tokens=40))
+    pos = {"a": 0}
+    runner.step(p, {"a": [truth[0]]})
+    pos["a"] = 1
+    for _ in range(3):
+        verified, _ = runner.step(p, _follow(truth, pos))
+        # 8 drafts a step, every one the model's next token
+        assert verified["a"] == truth[pos["a"] - 9:pos["a"] - 1]
+        # the step just sampled and the one before are not taken in yet
+        assert [f.fed for f in p._in_flight] == [False, False]
+
+
+def test_a_wrong_guess_costs_one_step_of_drafts():
+    """Where the model's tokens are not the lookahead's guess, the next step's drafts
+    were made on the wrong guess: the model rejects them (its tokens are its own).  Once
+    the step is taken in, the drafts made on it are known to be unsound and are assumed
+    rejected, so the drafts after them are made from the true context again."""
+    truth = list(range(11, 60)) + [EOS]
+    p, runner = _proposer(batch_cap="linear"), AsyncRunner()
+    p.prebuild("P", [truth], PROMPT)
+    runner.add("a", _request({"problem_id": "P", "policy": "fixed"}, max_tokens=40))
+    runner.step(p, {"a": [truth[0]]})
+    verified, _ = runner.step(p, lambda v: {"a": v["a"][:3] + [99]})   # diverges: 99
+    assert verified["a"] == truth[1:9]
+    # the model goes on with the stored rollout from 15 on (its context ... 14, 99)
+    after = truth[4:]
+    pos = {"a": 0}
+    verified, _ = runner.step(p, _follow(after, pos))
+    assert verified["a"] == truth[10:18]         # made on the guess: all rejected
+    # known wrong: the next drafts come from the true context (... 14, 99), after which
+    # the tree has nothing
+    verified, _ = runner.step(p, _follow(after, pos))
+    assert verified["a"] == []
+    for _ in range(2):
+        # from (... 99, 15) on the stored rollout again: the model's tokens
+        verified, _ = runner.step(p, _follow(after, pos))
+        assert verified["a"] and verified["a"] == after[pos["a"] - len(verified["a"]) - 1:
+                                                        pos["a"] - 1]
 
 
 def test_async_catch_up_feeds_every_step_and_seals_a_departed_request_once_fed():

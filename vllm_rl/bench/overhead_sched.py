@@ -51,27 +51,32 @@ def _flags(workload: str, i: int, max_tokens: int) -> dict | None:
 
 
 def standalone_scheduler(cls, max_num_seqs: int, max_model_len: int, num_blocks: int,
-                         max_num_batched_tokens: int = 16384, prefix_caching: bool = False):
+                         max_num_batched_tokens: int = 16384, prefix_caching: bool = False,
+                         speculative: dict | None = None):
     """A vLLM scheduler of class ``cls`` with no engine and no worker, as vLLM tests its
     own (``tests/v1/core/utils.py``): the embedded model's config on the CPU and a KV
     cache of ``num_blocks`` blocks of :data:`BLOCK` tokens (also the scheduler unit
-    tests' harness, ``tests/unit/test_scheduler_rules.py``)."""
+    tests' harness, ``tests/unit/test_scheduler_rules.py``).  ``speculative``: vLLM's
+    ``speculative_config`` arguments (a drafter configured, as ``vllm.LLM`` takes them)."""
     import torch
-    from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig,
-                             VllmConfig)
+    from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig,
+                             SchedulerConfig, SpeculativeConfig, VllmConfig)
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
     from vllm_rl.task import MODEL_PATH
 
+    model = ModelConfig(model=str(MODEL_PATH), dtype="float32", seed=0,
+                        max_model_len=max_model_len)
+    spec = None if speculative is None else SpeculativeConfig(
+        **speculative, target_model_config=model, target_parallel_config=ParallelConfig())
     config = VllmConfig(
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs,
                                          max_num_batched_tokens=max_num_batched_tokens,
                                          max_model_len=max_model_len,
                                          enable_chunked_prefill=True,
                                          is_encoder_decoder=False),
-        model_config=ModelConfig(model=str(MODEL_PATH), dtype="float32", seed=0,
-                                 max_model_len=max_model_len),
+        model_config=model, speculative_config=spec,
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching),
         device_config=DeviceConfig("cpu"))
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[

@@ -40,6 +40,9 @@ def parser(prog: str = "vllm-rl bench points") -> argparse.ArgumentParser:
                     help="ARRoL's gate, as `vllm-rl bench step --arrol-gate` (the table's "
                          "runs: auc)")
     ap.add_argument("--host-scale", type=float, default=1.0)
+    ap.add_argument("--das-config", default=None, metavar="JSON",
+                    help="more DASConfig fields for the DAS engine, as `vllm-rl bench step "
+                         "--das-config` (e.g. '{\"lookahead\": false}')")
     ap.add_argument("--kv-gib-per-seq", type=float, default=0.004,
                     help="KV cache per live sequence and engine, GiB (default 0.004: "
                          "room for max_tokens 512 on the embedded model)")
@@ -150,6 +153,7 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
                          "--host-scale", str(args.host_scale), "--kv-gib", f"{kv:g}",
                          "--darts-budget", str(args.darts_budget),
                          "--arrol-gate", args.arrol_gate,
+                         *(["--das-config", args.das_config] if args.das_config else []),
                          "--out", str(out / "runs")])
         points.append({"prompts": size, "seed": seed, "summary": res["summary"],
                        "total_s": res["total_s"]})

@@ -102,6 +102,9 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
     ap.add_argument("--das-batch-cap", default=None, choices=("phase", "cost", "linear"),
                     help="the DAS engine's batch cap (DASConfig.batch_cap; default the "
                          "engine's, 'cost')")
+    ap.add_argument("--das-config", default=None, metavar="JSON",
+                    help="more DASConfig fields for the DAS engine, e.g. "
+                         "'{\"lookahead\": false}' (default: the engine's)")
     ap.add_argument("--model", default=None, help="model path (default: the embedded model)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench-results", help="folder for JSON, PNGs, vllm.log")
@@ -309,7 +312,8 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
     bar.set_postfix_str("starting engines (stock vLLM, RL, RL with DAS)")
     kv = int(args.kv_gib * (1 << 30))
     stock = stock_engine(model, args.seed, args.gpu_limits, kv)
-    das = {"batch_cap": args.das_batch_cap} if args.das_batch_cap else True
+    das = {**({"batch_cap": args.das_batch_cap} if args.das_batch_cap else {}),
+           **(json.loads(args.das_config) if args.das_config else {})} or True
     kinds = {engine_kind(n) for n in names}
     rl = rl_engine(model, args.seed, args.gpu_limits, kv, das=das, cost=args.cost)
     plain = (rl_engine(model, args.seed, args.gpu_limits, kv, das=None, cost=args.cost)

@@ -81,6 +81,15 @@ class DASConfig:
     vLLM's CPU platform every engine schedules synchronously unless its
     ``additional_config`` has ``vllm_rl_async_cpu: true``.  Async DAS needs one worker
     (tensor and pipeline parallel size 1).
+
+    ``lookahead`` (default on; async scheduling only): the drafts of step n + 1 are made
+    while step n runs, from the context up to step n - 1, step n's own drafts and a
+    guess of its outcome (every draft accepted, the bonus token the tree's own
+    continuation); nothing waits for step n's tokens, so vLLM prepares step n + 1's
+    inputs under step n's forward pass as it does without drafts.  A wrong guess costs
+    the verification of drafts that are rejected, never a token.  Off: a drafting step
+    waits for step n's tokens and drafts from them (synchronous scheduling's drafts),
+    and that wait and what follows it are host time on the step's path.
     """
 
     budget: int = 4
@@ -100,6 +109,7 @@ class DASConfig:
     stats_rounds: int = 4096
     background_feed: bool = True
     async_scheduling: bool = True
+    lookahead: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.budget <= MAX_DRAFT // 2:

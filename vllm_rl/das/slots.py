@@ -30,7 +30,8 @@ class Slots:
     before this many output tokens: ARRoL's ``l_detect`` under async scheduling); ``policy`` and ``rank``
     (length class, :data:`vllm_rl.das.budget.CLASSES` index) int8, ``min_prob`` float64,
     ``done`` bool (sealed at a natural end), ``force`` bool (``das.force``: drafts past
-    the batch cap)."""
+    the batch cap), ``guess_ok`` bool (async lookahead: the last step taken in came out
+    as its drafts' lookahead assumed, so the drafts made on it stand)."""
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = 0
@@ -47,6 +48,7 @@ class Slots:
         self._resize("min_prob", np.float64, capacity)
         self._resize("done", np.bool_, capacity)
         self._resize("force", np.bool_, capacity)
+        self._resize("guess_ok", np.bool_, capacity)
         self._free.extend(range(capacity - 1, old - 1, -1))
         self.capacity = capacity
 
@@ -61,7 +63,7 @@ class Slots:
         if not self._free:
             self._grow(2 * self.capacity)
         slot = self._free.pop()
-        for name in _INT + ("policy", "rank", "min_prob", "done", "force"):
+        for name in _INT + ("policy", "rank", "min_prob", "done", "force", "guess_ok"):
             getattr(self, name)[slot] = 0
         self.used += 1
         return slot

@@ -51,6 +51,7 @@ from vllm_rl.arrol import engine as arrol
 from vllm_rl.arrol.config import check_runner
 from vllm_rl.darts import rule as darts
 from vllm_rl.das import engine as das
+from vllm_rl.das.config import DASConfig
 from vllm_rl.duet.engine import DuetEngine
 from vllm_rl.engine import records
 from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
@@ -73,6 +74,9 @@ class RLSchedulerMixin(TraceMixin):
         check_runner(self.vllm_config)      # ARRoL: the capture patch serves the V1 runner
         self.rl_groups = GroupRegistry()
         self.rl_members: dict[str, Member] = {}
+        # The engine drafts with DAS's drafter: only then are vLLM's placeholder drafts
+        # the scheduler's to cut (any other drafter keeps vLLM's own scheduling).
+        self.rl_das_engine = DASConfig.from_vllm_config(self.vllm_config) is not None
         self.rl_das_live = 0                # members with DAS flags (they draft)
         self.rl_das_quiet = das.QuietSteps()  # steps with DAS samples and no draft
         self.rl_das_drafting = True         # async: the drafter's last decision drafts
@@ -426,14 +430,15 @@ class RLScheduler(RLSchedulerMixin, AsyncScheduler):
 
     def _update_after_schedule(self, scheduler_output) -> None:
         """With a drafter, vLLM's async scheduler gives every decoding request
-        ``num_speculative_tokens`` placeholder drafts for its next step.  Only samples
-        with DAS flags draft (the worker cuts theirs to their real drafts,
-        ``patches/das_async.py``): with none running, or while the drafter's last
-        decision drafts for no row (its batch cap has drafting off: each step's output
-        says, ``vllm_rl_drafting``), no request gets placeholders; otherwise those
-        without DAS flags lose theirs.  No token budget or KV slots are held for drafts
-        that never come."""
-        if not self.num_spec_tokens:
+        ``num_speculative_tokens`` placeholder drafts for its next step.  On an engine
+        whose drafter is DAS's, only samples with DAS flags draft (the worker cuts theirs
+        to their real drafts, ``patches/das_async.py``): with none running, or while the
+        drafter's last decision drafts for no row (its batch cap has drafting off: each
+        step's output says, ``vllm_rl_drafting``), no request gets placeholders;
+        otherwise those without DAS flags lose theirs.  No token budget or KV slots are
+        held for drafts that never come.  Any other drafter (EAGLE, MTP, a draft model,
+        ``ngram_gpu``) drafts for every request: vLLM's own scheduling, unchanged."""
+        if not self.num_spec_tokens or not self.rl_das_engine:
             return super()._update_after_schedule(scheduler_output)
         if not self.rl_das_live or not self.rl_das_drafting:
             scheduler_output.num_spec_tokens_to_schedule = 0

@@ -1,0 +1,509 @@
+"""DAS under vLLM's async scheduling: drafts made while the previous step runs.
+
+vLLM's async engine schedules step n + 1 and processes step n − 1's output while step n
+runs, and keeps a step's sampled ids on the device.  ``patches/das_async.py`` calls the
+drafter around each step:
+
+* :meth:`AsyncDrafts.after_sample` (step n sampled): each row's last token and count to
+  vLLM, on the device (what its async speculative path corrects positions with), and
+  the ids' copy to the host started;
+* ``propose`` (:meth:`AsyncDrafts._begin_async`): the step's rows noted, no drafts;
+* :meth:`AsyncDrafts.before_step` (step n + 1 about to be prepared, step n on the
+  device): take in the steps before n (their copies are done), decide step n's rows'
+  draft lengths, draft, and hand vLLM the drafts (``runner._draft_token_ids``, by step
+  n's rows) and the worker's scheduler output with each sample's placeholders cut to
+  its draft.
+
+**The lookahead** (``DASConfig.lookahead``, default): nothing waits for step n.  A row's
+context for step n + 1's draft is its window up to step n − 1, then the drafts it
+verifies in step n, then one guessed token: the row is assumed to accept every draft and
+its bonus token to be the tree's own continuation (one tree call drafts the guess and the
+draft after it, :meth:`AsyncDrafts._plan`).  Speculative verification by rejection
+sampling is lossless for any proposal (vLLM's rejection sampler; the field's zero-bubble
+speculative decoding, vllm#32951, prepares step n + 1 on the same assumption of full
+acceptance): a draft built on a wrong guess is rejected, not wrong.  When step n − 1 is
+taken in, each row's guess for it is checked (:attr:`_InFlight.assumed`); drafts made on
+a wrong guess are known to be unsound and the next draft assumes they were rejected, so
+a wrong guess costs one step's drafts, never more.  vLLM then prepares step n + 1 under
+step n's forward pass, as for a step without drafts: no host time on the step's path.
+
+Without the lookahead a drafting step waits for step n's ids and drafts from them (the
+drafts synchronous scheduling gives, one step later); that wait, the drafting after it
+and vLLM's input preparation are host time on the step's path (``HOST.path_ns``;
+:data:`PATH_ATTR`, measured by the patch).
+
+A sample with ARRoL flags drafts nothing before its ``l_detect``-th token here: the host
+learns a step's acceptance only after the next step was prepared, and ARRoL's scorer
+must know on the host which row holds that token.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from vllm_rl.cost.host import WORKER as HOST     # the drafter's host time, for the trace
+from vllm_rl.das.context import ContextWindows
+from vllm_rl.das.state import StepRows
+
+PATH_ATTR = "_vllm_rl_path_from"   # runner: a drafting step's path, vLLM's part from here
+PREP_ATTR = "_vllm_rl_prep_ns"     # runner: that part, measured (patches/das_async.py)
+HOST_DECAY = 0.1         # weight of the newest drafting step in draft_host_ms
+
+
+class AsyncDrafts:
+    """The drafter's hooks under async scheduling (a part of
+    :class:`~.drafter.DASProposer`)."""
+
+    def _init_async(self) -> None:
+        # the context windows (the runner's token array holds placeholders), the step
+        # sampled and not proposed yet, the steps proposed and not taken in (oldest
+        # first), the last step proposed (the rows vLLM reads drafts by), the drafts it
+        # verifies, and each request's drafts in the step being prepared
+        self._windows = ContextWindows(self.cfg.max_depth, self.k_max + 1)
+        self._sampled: _InFlight | None = None
+        self._in_flight: list[_InFlight] = []
+        self._last: _InFlight | None = None
+        self._verifying = None                      # (rows, drafts, counts)
+        self._drafted: dict[str, int] = {}
+        self._wait_ns = 0                           # waited for the device, this step
+        self._waited_at = 0                         # when the wait for the last ids ended
+        self._path_ns: int | None = None            # the last drafting step's path so far
+
+    @property
+    def drafting(self) -> bool:
+        """Under async scheduling: whether the drafter's last decision drafted for a row
+        (:meth:`before_step` waits and drafts only then).  Each step's output carries it
+        to the scheduler, which gives DAS samples placeholder drafts only while it holds
+        (``RLScheduler._update_after_schedule``): where the batch cap has drafting off,
+        no KV slots or token budget are held for drafts that never come."""
+        return self._drafting
+
+    def after_sample(self, runner, sampled) -> None:
+        """Step n sampled, under async scheduling (``patches/das_async.py``, before
+        vLLM's bookkeeping).  ``sampled`` (``[rows, k + 1]``, -1 past a row's accepted
+        tokens) is on the device: give vLLM, there, each row's last token and count
+        (what its async speculative path reads when it prepares step n + 1) and start
+        the ids' copy to the host."""
+        import torch
+
+        t0 = time.perf_counter_ns()
+        n = sampled.shape[0]
+        discard = runner.discard_request_mask.np[:n].copy()
+        counts = (sampled >= 0).sum(dim=1, dtype=torch.int32)
+        if discard.any():
+            counts.masked_fill_(torch.from_numpy(discard).to(counts.device), 0)
+        last = sampled.gather(1, (counts.long() - 1).clamp_(min=0).unsqueeze(1))
+        runner._copy_valid_sampled_token_count(last.squeeze(1).to(torch.int32), counts)
+        host, event = _to_host(sampled)
+        self._sampled = _InFlight(sampled=host, event=event, discard=discard)
+        HOST.drafter_ns += time.perf_counter_ns() - t0
+
+    def _begin_async(self, runner):
+        """vLLM's ``propose`` at the end of step n under async scheduling: note the
+        step's rows as they are now (the runner moves on before they are fed); no drafts
+        yet (:meth:`before_step` makes them)."""
+        import torch
+
+        f, self._sampled = self._sampled, None
+        n = f.sampled.shape[0]
+        batch = runner.input_batch
+        f.req_ids = list(batch.req_ids[:n])
+        f.owners = list(map(runner.requests.get, f.req_ids))
+        f.n_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int64).copy()
+        f.sched = self._sched
+        f.drafted = np.fromiter(map(self._drafted.get, f.req_ids, repeat(0)), np.int64, n)
+        self._in_flight.append(f)
+        self._last = f
+        return torch.zeros((n, self.k_max), dtype=torch.int32, device=runner.device)
+
+    def before_step(self, runner: Any, scheduler_output: Any):
+        """Called by ``patches/das_async.py`` before each step of an async engine, while
+        the previous step n runs on the device.
+
+        Takes in the steps before n (their ids are on the host: no wait), decides the
+        draft lengths of step n's rows, and, when this step verifies drafts (the
+        scheduler gave DAS samples placeholder slots and the drafter's last decision
+        drafted), drafts them with the lookahead (:meth:`_plan`), in one tree call
+        (:meth:`_tree_call`), and puts them where vLLM's async path reads them
+        (``runner._draft_token_ids``, by step n's rows).  Nothing waits for step n: vLLM
+        prepares this step's inputs while step n runs, as for a step without drafts.
+        With ``DASConfig.lookahead`` off, a drafting step waits for step n's ids and
+        drafts from them (the drafts synchronous scheduling gives, one step later).
+
+        Returns the scheduler output as the worker runs it (each request's speculative
+        slots cut to its draft: vLLM's scheduler gave every DAS sample
+        ``num_speculative_tokens`` placeholders, and vLLM's ngram_gpu path cuts them the
+        same way), the requests whose slots were cut (with the scheduler's count), and
+        the exact draft counts (the step's output carries them to the scheduler for the
+        records, :func:`vllm_rl.das.engine.count_drafts`)."""
+        t0 = time.perf_counter_ns()
+        try:
+            self._runner = runner
+            prep = runner.__dict__.pop(PREP_ATTR, None)
+            if self._path_ns is not None and prep is not None:
+                ms = (self._path_ns + prep) / 1e6      # the last drafting step's path
+                self.draft_host_ms += HOST_DECAY * (ms - self.draft_host_ms)
+            self._path_ns = None
+            spec = scheduler_output.scheduled_spec_decode_tokens
+            draft = bool(spec) and self._drafting
+            self._wait_ns = self._waited_at = 0
+            verifying, self._verifying = self._verifying, None
+            feeds = self._catch_up(last=draft and not self.cfg.lookahead)
+            f = self._last
+            plan = None if f is None else self._plan(f, verifying, draft)
+            ready = self._tree_call(feeds, plan)
+            if ready is not None:
+                ready = self._take_guess(f, plan, ready)
+            if feeds:
+                # a step just taken in may still be fed on the feeder thread, the steps in
+                # flight are not taken in yet: their requests are sealed later, once fed
+                keep = set(f.req_ids).union(feeds[-1].req_ids,
+                                            *(g.req_ids for g in self._in_flight))
+                self._retire(runner.requests, keep)
+            self._drafted = {}
+            if not spec:
+                return scheduler_output, {}, None
+            rows = {rid: i for i, rid in enumerate(f.req_ids)} if ready is not None else {}
+            get = rows.get
+            counts, cut = {}, {}
+            for rid, toks in spec.items():
+                i = get(rid)
+                k = 0 if i is None else min(int(ready.lengths[i]), len(toks))
+                if k:
+                    counts[rid] = k
+                if k < len(toks):
+                    cut[rid] = len(toks)
+            self._drafted = counts
+            if ready is not None:
+                _upload(runner, ready.drafts, len(rows), self.k_max, f.sched)
+                self._verifying = (rows, ready.drafts, counts)
+            if not cut:
+                return scheduler_output, {}, counts
+            return _trimmed(scheduler_output, counts, cut), cut, counts
+        finally:
+            end = time.perf_counter_ns()
+            path = end - self._waited_at if self._waited_at else 0
+            HOST.drafter_ns += end - t0 - path
+            HOST.path_ns += path
+            if path:                 # vLLM's input preparation goes on the path too
+                self._path_ns = path
+                runner.__dict__[PATH_ATTR] = end
+
+    def _catch_up(self, last: bool) -> list[StepRows]:
+        """Count the async steps whose tokens were not taken in yet, in order (all of
+        them with ``last``, waiting for the last one's ids; else all but the last, whose
+        copies are done: no wait).  Returns their rows, to be fed by the next tree call
+        (:meth:`_tree_call`)."""
+        todo = self._in_flight[:] if last else self._in_flight[:-1]
+        if not todo:
+            return []
+        del self._in_flight[:len(todo)]
+        steps = []
+        for j, f in enumerate(todo):
+            # waiting for the step that just ran: what follows is on the step's path
+            steps.append(self._ingest_async(f, path=last and j == len(todo) - 1))
+            f.fed = True
+        return steps
+
+    def _ingest_async(self, f: "_InFlight", path: bool = False) -> StepRows:
+        """One async step's tokens on the host (:meth:`_ingest`) and in the requests'
+        context windows; its rows, with what each feeds.  ``path``: the step just ran
+        (the device has nothing queued): the time from its ids on is the step's path."""
+        if f.event is not None:
+            t0 = time.perf_counter_ns()
+            f.event.synchronize()
+            self._wait_ns += time.perf_counter_ns() - t0
+        if path:
+            self._waited_at = time.perf_counter_ns()
+        arr = f.sampled.numpy()
+        valid = arr >= 0
+        valid[f.discard] = False
+        n = len(f.req_ids)
+        lens = valid.sum(axis=1)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        tokens = arr[valid].astype(np.int32)
+        sched, self._sched = self._sched, f.sched
+        try:
+            step = self._rows(f.owners, None, f.req_ids, tokens, offsets, None)
+            S, win = self.slots, self._windows
+            if f.assumed is not None:       # did the step come out as its lookahead guessed?
+                rows = np.flatnonzero(step.slots >= 0)
+                S.guess_ok[step.slots[rows]] = _as_assumed(arr, lens, f.assumed)[rows]
+            step.ntok = f.n_prompt + lens + np.where(step.slots >= 0, S.generated[step.safe], 0)
+            win.append(np.where(S.done[step.safe], -1, step.slots), tokens, offsets)
+            self._ingest(step, f.drafted)
+        finally:
+            self._sched = sched
+        return step
+
+    def _plan(self, f: "_InFlight", verifying, draft: bool):
+        """The draft lengths of the rows of the last step ``f`` (vLLM's async path reads
+        the drafts by its rows) for the step after it, and the contexts they draft from.
+
+        ``f`` taken in (:attr:`_InFlight.fed`): the contexts are known.  Not yet (the
+        lookahead, ``DASConfig.lookahead``): ``f`` is still on the device, and each
+        row's context is its window (up to the step before ``f``) followed by the drafts
+        ``f`` verifies (``verifying``) and one guessed token: the row is assumed to
+        accept every draft, and its bonus token to be the tree's own continuation.  The
+        tree call drafts ``1 +`` the length and the guess is cut off
+        (:meth:`_take_guess`).  A wrong guess gives drafts that vLLM's rejection sampler
+        rejects: compute spent, never a token changed.  Drafts made on a guess that turned
+        out wrong (known once the step before ``f`` is taken in) are assumed rejected,
+        so one wrong guess costs one step's drafts.  Returns the :class:`_Plan` (None
+        without ``draft``: lengths decided only)."""
+        n = len(f.req_ids)
+        empty = np.zeros(0, dtype=np.int32)
+        step = self._rows(f.owners, None, f.req_ids, empty, np.zeros(n + 1, np.int64), None)
+        S = self.slots
+        das = step.slots >= 0
+        generated = np.where(das, S.generated[step.safe], 0)
+        extra, k, d = 0, None, None
+        if not f.fed:
+            k, d = _verified_drafts(verifying, f.req_ids, self.k_max)
+            # drafts made on a guess that the step before did not bear out are assumed
+            # rejected: the row is assumed to take only its bonus token
+            k = np.where(das & ~S.guess_ok[step.safe], 0, k)
+            extra = 1
+            step.ahead = np.where(das, k + extra, 0)
+            step.ntok = f.n_prompt + generated + step.ahead
+        else:
+            step.ntok = f.n_prompt + generated
+        live = np.flatnonzero(das & ~S.done[step.safe] & ~f.discard)
+        phase = self._decide(f.req_ids, step, live, draft)
+        if not draft:
+            return None
+        contexts, context_len = self._windows.view(step.slots)
+        if extra and k.any():
+            contexts, context_len = _extended(contexts, context_len, d, k)
+        return _Plan(step, contexts, context_len, phase, extra, k, d)
+
+    def _tree_call(self, feeds: list[StepRows], plan) -> Any:
+        """One C++ call for the step: the counted tokens of ``feeds`` into their trees
+        (the rows of requests that draft now; the others' on the feeder thread after
+        it), then the drafts of ``plan``'s rows.  Returns the drafts (None: no plan)."""
+        self._wait_feed()
+        draft_rows = plan.step if plan is not None else None
+        drafting = (draft_rows.slots[draft_rows.max_tokens > 0]
+                    if draft_rows is not None else np.zeros(0, np.int64))
+        S = self.slots
+        parts, later = [], []
+        for st in feeds:
+            if not st.feed.any():
+                continue
+            seqs = np.where(st.slots >= 0, S.seq[st.safe], -1)
+            if self.cfg.background_feed:        # not drafting now: fed off the call
+                bg = st.feed * ~np.isin(st.slots, drafting)
+                if bg.any():
+                    later.append((seqs, st.tokens, st.offsets, bg))
+                st.feed = st.feed - bg
+            if st.feed.any():
+                parts.append((seqs, st.tokens, st.offsets, st.feed))
+        res = None
+        if plan is not None:
+            step = plan.step
+            seqs = np.where(step.slots >= 0, S.seq[step.safe], -1)
+            want = np.where(step.max_tokens > 0, step.max_tokens + plan.extra, 0)
+            res = self._call(parts, (seqs, plan.contexts, plan.context_len,
+                                     want.astype(np.int32), S.min_prob[step.safe]))
+        elif parts:
+            self._call(parts, None)
+        for args in later:
+            self._feed_in_background(*args)
+        return res
+
+    def _call(self, feeds: list, drafts):
+        """``feed_and_draft`` over the feeding rows of ``feeds`` followed by the drafting
+        rows of ``drafts`` (one call: every draft sees every feed)."""
+        seqs, toks, offs, feed = [], [], [], []
+        base = 0
+        for sq, tk, of, fd in feeds:
+            seqs.append(sq)
+            toks.append(tk)
+            offs.append(of[:-1] + base)
+            feed.append(fd)
+            base += int(of[-1])
+        m = sum(len(x) for x in seqs)
+        if drafts is not None:
+            dseqs, contexts, context_len, want, min_prob = drafts
+            nd = len(dseqs)
+            seqs.append(dseqs)
+            offs.append(np.full(nd, base, dtype=np.int64))
+            feed.append(np.zeros(nd, dtype=np.int32))
+        else:
+            nd, contexts = 0, np.zeros((0, 1), np.int32)
+        width = contexts.shape[1]
+        all_ctx = np.zeros((m + nd, width), dtype=np.int32)
+        all_ctx[m:] = contexts
+        all_len = np.zeros(m + nd, dtype=np.int32)
+        all_want = np.zeros(m + nd, dtype=np.int32)
+        all_p = np.zeros(m + nd)
+        if nd:
+            all_len[m:], all_want[m:], all_p[m:] = context_len, want, min_prob
+        res = self.store.feed_and_draft(
+            np.concatenate(seqs).astype(np.int64),
+            np.concatenate(toks).astype(np.int32) if toks else np.zeros(0, np.int32),
+            np.concatenate(offs + [np.array([base], dtype=np.int64)]),
+            np.concatenate(feed).astype(np.int32), all_ctx, all_len, all_want, all_p,
+            backoff=True)
+        self.host_ns["feed"] += res.feed_ns
+        self.host_ns["draft"] += res.draft_ns
+        return res._replace(drafts=res.drafts[m:], lengths=res.lengths[m:])
+
+    def _take_guess(self, f: "_InFlight", plan: "_Plan", res):
+        """The lookahead's drafts: the first token of each tree draft is the guessed
+        bonus token of ``f``; with the drafts ``f`` verifies it is what ``f`` is assumed
+        to sample (:attr:`_InFlight.assumed`, checked when ``f`` is taken in), the rest
+        are the drafts.  The phase cap's cut last."""
+        if plan.extra:
+            n = len(f.req_ids)
+            lens = np.where(res.lengths > 0, plan.k + 1, 0)
+            toks = np.zeros((n, self.k_max + 1), dtype=np.int32)
+            toks[:, :self.k_max] = plan.d
+            guess = res.drafts[:, 0] if res.drafts.shape[1] else np.zeros(n, np.int32)
+            toks[np.arange(n), np.minimum(plan.k, self.k_max)] = guess
+            f.assumed = (lens, toks)
+            res = _after_guess(res, plan.extra)
+        if plan.phase is not None:
+            self._phase_cut(plan.phase, res.lengths)
+        return res
+
+
+@dataclass
+class _InFlight:
+    """An async step whose sampled ids are on their way to the host, with its rows as
+    the runner had them."""
+
+    sampled: Any                 # host tensor [rows, k + 1]
+    event: Any                   # its copy's event (None: already on the host)
+    discard: np.ndarray          # rows whose sample is discarded (a prefill chunk)
+    req_ids: list = field(default_factory=list)
+    owners: list = field(default_factory=list)   # the runner's state of each row
+    n_prompt: Any = None         # prompt lengths
+    sched: Any = None            # the step's scheduler output (as the worker ran it)
+    drafted: Any = None          # draft tokens each row was verified on in the step
+    fed: bool = False            # its tokens were taken in
+    assumed: Any = None          # lookahead: (lengths, tokens) each row is assumed to get
+
+
+@dataclass
+class _Plan:
+    """The drafts to make for the rows of the last step (:meth:`DASProposer._plan`):
+    lengths in ``step.max_tokens``, contexts, the phase cap's cut, and under the
+    lookahead (``extra`` = 1 guessed token) the drafts ``d`` each row verifies in that
+    step, ``k`` of them assumed accepted."""
+
+    step: StepRows
+    contexts: np.ndarray
+    context_len: np.ndarray
+    phase: Any
+    extra: int
+    k: Any
+    d: Any
+
+
+def _to_host(t):
+    """Start ``t``'s copy to the host: (host tensor, event to wait on, or None)."""
+    import torch
+
+    if t.device.type == "cpu":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+def _upload(runner, drafts: np.ndarray, n: int, k_max: int, sched) -> None:
+    """Put the drafts where vLLM's async path scatters them into the step's input ids
+    (``_draft_token_ids``, rows of the previous step, ``prev_num_spec_tokens`` wide)."""
+    import torch
+
+    out = np.zeros((n, k_max), dtype=np.int32)
+    w = min(k_max, drafts.shape[1]) if drafts.ndim == 2 else 0
+    if w:
+        out[:, :w] = drafts[:n, :w]
+    t = torch.from_numpy(out)
+    if runner.device.type != "cpu":
+        t = t.pin_memory().to(runner.device, non_blocking=True)
+    runner._draft_token_ids = t
+    runner.prev_num_spec_tokens = k_max
+    if runner._draft_token_req_ids is not None:      # penalties read the drafts on the host
+        runner._copy_draft_token_ids_to_cpu(sched)
+
+
+def _verified_drafts(verifying, req_ids, k_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``req_ids``: how many drafts it verifies in the step on the device,
+    and those drafts (``[rows, k_max]``), from what :meth:`DASProposer.before_step`
+    uploaded for that step (``(rows, drafts, counts)``; None: no drafts)."""
+    n = len(req_ids)
+    d = np.zeros((n, k_max), dtype=np.int32)
+    if verifying is None:
+        return np.zeros(n, dtype=np.int64), d
+    rows, drafts, counts = verifying
+    k = np.fromiter(map(counts.get, req_ids, repeat(0)), dtype=np.int64, count=n)
+    idx = np.fromiter(map(rows.get, req_ids, repeat(-1)), dtype=np.int64, count=n)
+    ok = np.flatnonzero((idx >= 0) & (k > 0))
+    w = min(k_max, drafts.shape[1]) if drafts.ndim == 2 else 0
+    if len(ok) and w:
+        d[ok, :w] = drafts[idx[ok], :w]
+    return np.minimum(k, w), d
+
+
+def _extended(contexts: np.ndarray, context_len: np.ndarray, d: np.ndarray,
+              k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's context followed by its first ``k[i]`` tokens of ``d``."""
+    n, width = contexts.shape
+    out = np.zeros((n, width + d.shape[1]), dtype=np.int32)
+    out[:, :width] = contexts
+    rows, j = np.nonzero(np.arange(d.shape[1]) < k[:, None])
+    out[rows, context_len[rows] + j] = d[rows, j]
+    return out, (context_len + k).astype(np.int32)
+
+
+def _as_assumed(arr: np.ndarray, lens: np.ndarray, assumed) -> np.ndarray:
+    """Per row: its sampled ids (``arr``, -1 padded, ``lens`` valid) are exactly the
+    ``assumed`` (lengths, tokens); a row with nothing assumed is not."""
+    a_len, a_tok = assumed
+    w = min(arr.shape[1], a_tok.shape[1])
+    j = np.arange(w)
+    same = (arr[:, :w] == a_tok[:, :w]) | (j >= a_len[:, None])
+    return (a_len > 0) & (lens == a_len) & same.all(axis=1)
+
+
+def _after_guess(res, extra: int):
+    """Drafts of ``extra`` + L tokens whose first ``extra`` are a guessed outcome: the
+    L after it (none where the tree had no more)."""
+    return res._replace(drafts=np.ascontiguousarray(res.drafts[:, extra:]),
+                        lengths=np.maximum(res.lengths - extra, 0).astype(res.lengths.dtype))
+
+
+def _trimmed(sched, counts: dict, cut: dict):
+    """A copy of the scheduler output with each request in ``cut`` scheduled on its
+    ``counts`` draft tokens only (the scheduler's own object is left as it scheduled)."""
+    import copy
+
+    out = copy.copy(sched)
+    spec = dict(sched.scheduled_spec_decode_tokens)
+    num = dict(sched.num_scheduled_tokens)
+    total = sched.total_num_scheduled_tokens
+    for rid, scheduled in cut.items():
+        k = counts.get(rid, 0)
+        num[rid] -= scheduled - k
+        total -= scheduled - k
+        if k:
+            spec[rid] = spec[rid][:k]
+        else:
+            del spec[rid]
+    out.scheduled_spec_decode_tokens = spec
+    out.num_scheduled_tokens = num
+    out.total_num_scheduled_tokens = total
+    return out
+
+
+__all__ = ["AsyncDrafts", "PATH_ATTR", "PREP_ATTR"]
