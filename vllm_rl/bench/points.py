@@ -50,6 +50,10 @@ def parser(prog: str = "vllm-rl bench points") -> argparse.ArgumentParser:
     ap.add_argument("--merge", nargs="+", metavar="POINTS_JSON",
                     help="run nothing: the table and picture of earlier runs' points.json "
                          "files together (same --m)")
+    ap.add_argument("--labels", default=None,
+                    help="with --merge: one label per file, comma-separated, added to its "
+                         "configurations' names (the same configurations run two ways, "
+                         "e.g. 'lookahead,wait'; each against its own run's stock)")
     return ap
 
 
@@ -69,10 +73,12 @@ def aggregate(points: list[dict], m: int) -> dict:
         for name, r in rows.items():
             if name == f"stock-{m}":
                 continue
-            cell = out.setdefault(name, {}).setdefault(str(p["prompts"]),
-                                                        {"host": [], "gpu": []})
+            cell = out.setdefault(name, {}).setdefault(
+                str(p["prompts"]), {"host": [], "gpu": [], "proposed": 0, "accepted": 0})
             cell["host"].append(base["host_counted_ms"] / r["host_counted_ms"])
             cell["gpu"].append(base["projected_ms"] / r["projected_ms"])
+            cell["proposed"] += r.get("draft_proposed") or 0
+            cell["accepted"] += r.get("draft_accepted") or 0
     for name, sizes in out.items():
         for size, cell in sizes.items():
             cell["host_mean"], cell["host_lo"], cell["host_hi"] = _interval(cell["host"])
@@ -92,7 +98,9 @@ def table(agg: dict, sizes: list[int], m: int) -> str:
                 row += ["", ""]
                 continue
             row.append(f"{c['host_mean']:.2f} [{c['host_lo']:.2f}, {c['host_hi']:.2f}]")
-            row.append(f"{c['gpu_mean']:.2f}")
+            accept = (f" (drafts accepted {c['accepted'] / c['proposed']:.2f})"
+                      if c.get("proposed") else "")
+            row.append(f"{c['gpu_mean']:.2f}{accept}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -124,6 +132,14 @@ def picture(agg: dict, sizes: list[int], args, path: Path) -> Path:
         "stock-8 time / configuration time", dashed)
 
 
+def _labelled(point: dict, label: str, m: int) -> dict:
+    """A run's point with its configurations named ``config [label]`` (stock kept: each
+    configuration is compared with its own run's stock)."""
+    rows = [r if r["config"].startswith("stock") else {**r, "config": f"{r['config']} [{label}]"}
+            for r in point["summary"]]
+    return {**point, "summary": rows}
+
+
 def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> dict:
     from vllm_rl.bench import step
 
@@ -137,7 +153,11 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
         docs = [json.loads(Path(p).read_text()) for p in args.merge]
         for key in ("max_tokens", "cost", "host_scale"):
             setattr(args, key, docs[0]["args"][key])
-        points = [pt for d in docs for pt in d["points"]]
+        labels = args.labels.split(",") if args.labels else None
+        if labels is not None and len(labels) != len(docs):
+            raise SystemExit(f"--labels: {len(labels)} label(s) for {len(docs)} file(s)")
+        points = [_labelled(pt, labels[i], args.m) if labels else pt
+                  for i, d in enumerate(docs) for pt in d["points"]]
         sizes = sorted({pt["prompts"] for pt in points})
         size_seeds = []
     else:

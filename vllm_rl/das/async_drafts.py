@@ -284,8 +284,10 @@ class AsyncDrafts:
 
     def _tree_call(self, feeds: list[StepRows], plan) -> Any:
         """One C++ call for the step: the counted tokens of ``feeds`` into their trees
-        (the rows of requests that draft now; the others' on the feeder thread after
-        it), then the drafts of ``plan``'s rows.  Returns the drafts (None: no plan)."""
+        (with ``DASConfig.background_feed``, on the feeder thread after the call instead:
+        every row under the lookahead, the rows not drafting now without it), then the
+        drafts of ``plan``'s rows.  The feeder's previous call is waited for first, so a
+        draft sees the same trees run after run.  Returns the drafts (None: no plan)."""
         self._wait_feed()
         draft_rows = plan.step if plan is not None else None
         drafting = (draft_rows.slots[draft_rows.max_tokens > 0]
@@ -296,8 +298,10 @@ class AsyncDrafts:
             if not st.feed.any():
                 continue
             seqs = np.where(st.slots >= 0, S.seq[st.safe], -1)
-            if self.cfg.background_feed:        # not drafting now: fed off the call
-                bg = st.feed * ~np.isin(st.slots, drafting)
+            if self.cfg.background_feed:
+                # off the call: every row under the lookahead (its drafts read the window,
+                # not its rollout in the tree), else the rows not drafting now
+                bg = st.feed if self.cfg.lookahead else st.feed * ~np.isin(st.slots, drafting)
                 if bg.any():
                     later.append((seqs, st.tokens, st.offsets, bg))
                 st.feed = st.feed - bg
