@@ -51,6 +51,7 @@ for name, folder in MAPPED.items():
     if (ROOT / folder / "__init__.py").exists():
         packages.append(name)
         package_dir[name] = folder
+        packages += [f"{name}.{sub}" for sub in find_packages(where=str(ROOT / folder))]
 
 setup(
     name="vllm-rl",

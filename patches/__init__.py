@@ -1,28 +1,162 @@
-"""The smallest patches of vLLM internals, one module per patched internal.
+"""The one registry of vLLM patches: the smallest changes where vLLM has no hook.
 
-Each module names the internal it touches (``TARGET``), the vLLM versions it was
-checked against (``CHECKED``), a ``check(source=None)`` that fails loudly when vLLM no
-longer has the shape the patch relies on, and an idempotent ``apply()``.  ``check()``
-reads the installed vLLM (its live objects: what ``apply()`` will patch); ``check(tree)``
-reads any release's sources without importing them (:mod:`vllm_rl.compat.source`,
-``python -m vllm_rl.compat.check VERSION``).  The top-level ``patches/`` folder is
-importable as ``vllm_rl.patches``.
+Every patch is a :class:`Patch` subclass in the module named for the vLLM module it
+touches (``patches/<vllm module>.py``, or a folder of them for the model runner).  It
+names its ``targets`` (dotted paths of the attributes it replaces or adds), the vLLM
+versions it was ``checked`` on, a ``check(source=None)`` that fails loudly
+(:class:`PatchMismatch`) when vLLM no longer has the shape it relies on, and ``_apply``.
+``check()`` reads the installed vLLM (its live objects: what ``_apply`` will patch);
+``check(tree)`` reads any release's sources without importing them
+(:mod:`vllm_rl.compat.source`, ``python -m vllm_rl.compat.check VERSION``).
+
+The registry keeps three rules (as ArcticInference's ``patching.py`` keeps one place
+for its patches):
+
+* two patches on one target raise :class:`PatchConflict`, unless one names the other in
+  ``after``: it is then applied later, so its wrapper runs outside the other's;
+* a patch is applied once per process: the registry remembers it (:func:`applied`),
+  not a marker attribute that ``functools.wraps`` would copy onto a wrapper;
+* :func:`apply_all` checks every patch before it applies any.
+
+The top-level ``patches/`` folder is importable as ``vllm_rl.patches``.
 """
 from __future__ import annotations
 
 import importlib
-import inspect
-from typing import Any, Callable
+from typing import Callable, ClassVar
 
-MODULES = ("flags_admission", "das_proposer_context", "das_async", "das_cpu_spec_expand",
-           "arrol_capture",
-           "metrics_records", "weight_sync", "cpu_seeded_chunks")
+CHECKED = ("0.32.0", "0.33.0")
+# The modules holding patches, by the vLLM module each touches.
+MODULES = ("config", "input_processor", "output_processor", "outputs", "openai_serving",
+           "engine_core", "input_batch", "rejection_sampler",
+           "model_runner.arrol_capture", "model_runner.das_context",
+           "model_runner.das_async")
 
 
 class PatchMismatch(RuntimeError):
     """The installed vLLM does not match what a patch was written against."""
 
 
+class PatchConflict(RuntimeError):
+    """Two patches replace one target and neither declares its order."""
+
+
+class Patch:
+    """One patch of vLLM internals (module docstring).  Subclasses set ``targets`` and
+    give :meth:`check` and :meth:`_apply` (as class keywords, or as methods)."""
+
+    targets: ClassVar[tuple[str, ...]] = ()
+    checked: ClassVar[tuple[str, ...]] = CHECKED
+    after: ClassVar[tuple[str, ...]] = ()     # names of patches applied before this one
+
+    def __init_subclass__(cls, check: Callable | None = None, apply: Callable | None = None,
+                          **kwargs) -> None:
+        """``class P(Patch, check=fn, apply=fn)``: the module's check and apply functions."""
+        super().__init_subclass__(**kwargs)
+        if check is not None:
+            cls.check = staticmethod(check)
+        if apply is not None:
+            cls._apply = staticmethod(apply)
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.__name__
+
+    @classmethod
+    def check(cls, source=None) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def _apply(cls) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls) -> None:
+        """Apply once per process (the registry remembers it)."""
+        if cls in _APPLIED:
+            return
+        for name in cls.after:
+            before = _by_name(name)
+            if before not in _APPLIED:
+                raise PatchConflict(f"{cls.name()} goes outside {name}'s wrapper: apply "
+                                    f"{name} first (apply_all orders them)")
+        cls._apply()
+        _APPLIED.add(cls)
+
+
+_APPLIED: set[type[Patch]] = set()
+
+
+def applied(patch: type[Patch]) -> bool:
+    """Whether ``patch`` is applied in this process."""
+    return patch in _APPLIED
+
+
+def all_patches() -> list[type[Patch]]:
+    """Every patch, in the order they apply (a patch after those it names in ``after``),
+    after checking that no two share a target without a declared order."""
+    found: list[type[Patch]] = []
+    for module in MODULES:
+        mod = importlib.import_module(f"{__name__}.{module}")
+        found.extend(v for v in vars(mod).values() if isinstance(v, type)
+                     and issubclass(v, Patch) and v is not Patch and v.__module__ == mod.__name__)
+    _check_targets(found)
+    return _ordered(found)
+
+
+def _by_name(name: str) -> type[Patch]:
+    for patch in all_patches():
+        if patch.name() == name:
+            return patch
+    raise KeyError(f"no patch named {name}")
+
+
+def _check_targets(patches: list[type[Patch]]) -> None:
+    owner: dict[str, type[Patch]] = {}
+    names = {p.name() for p in patches}
+    for patch in patches:
+        missing = [n for n in patch.after if n not in names]
+        if missing:
+            raise PatchConflict(f"{patch.name()} names unknown patches in after: {missing}")
+        for target in patch.targets:
+            other = owner.get(target)
+            if other is not None and other.name() not in patch.after \
+                    and patch.name() not in other.after:
+                raise PatchConflict(f"{other.name()} and {patch.name()} both patch {target}: "
+                                    f"declare their order with `after`")
+            owner.setdefault(target, patch)
+
+
+def _ordered(patches: list[type[Patch]]) -> list[type[Patch]]:
+    by_name = {p.name(): p for p in patches}
+    done: list[type[Patch]] = []
+    seen: set[str] = set()
+
+    def visit(patch: type[Patch], path: tuple[str, ...]) -> None:
+        if patch.name() in path:
+            raise PatchConflict(f"patch order cycle: {' -> '.join(path + (patch.name(),))}")
+        if patch.name() in seen:
+            return
+        for name in patch.after:
+            visit(by_name[name], path + (patch.name(),))
+        seen.add(patch.name())
+        done.append(patch)
+
+    for patch in patches:
+        visit(patch, ())
+    return done
+
+
+def apply_all() -> None:
+    """Check every patch against the installed vLLM, then apply each once, in order."""
+    todo = [p for p in all_patches() if p not in _APPLIED]
+    for patch in todo:
+        patch.check()
+    for patch in todo:
+        patch.apply()
+
+
+# -- helpers for the checks ------------------------------------------------------------
 def source_of(source=None):
     """The sources a check reads: ``source`` (a :class:`~vllm_rl.compat.source.SourceTree`)
     or, by default, the installed vLLM."""
@@ -71,31 +205,3 @@ def target_function(src, module: str, name: str, target: str, checked: tuple[str
     except SourceMissing:
         raise PatchMismatch(f"{target} is gone {where}") from None
     return _need_params(found, target, expected_params, where), where
-
-
-def checked_target(owner: Any, attr: str, target: str, checked: tuple[str, ...],
-                   expected_params: tuple[str, ...]) -> tuple[Callable, str]:
-    """vLLM's own ``owner.attr`` (unwrapped if patched) and a "where" text for errors,
-    after checking that it exists and that its leading parameters are ``expected_params``
-    (the installed vLLM's live objects only; the checks use :func:`target_method`)."""
-    import vllm
-
-    where = f"in vLLM {vllm.__version__} (patch checked on {', '.join(checked)})"
-    fn = getattr(owner, attr, None)
-    fn = getattr(fn, "__wrapped__", fn)
-    if fn is None:
-        raise PatchMismatch(f"{target} is gone {where}")
-    names = tuple(inspect.signature(fn).parameters)[:len(expected_params)]
-    if names != expected_params:
-        raise PatchMismatch(f"{target} takes {names}, not {expected_params}, {where}")
-    return fn, where
-
-
-def all_patches():
-    return [importlib.import_module(f"{__name__}.{m}") for m in MODULES]
-
-
-def apply_all() -> None:
-    for mod in all_patches():
-        mod.check()
-        mod.apply()

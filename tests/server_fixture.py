@@ -121,7 +121,7 @@ def call(base: str, path: str, body: dict | None = None, timeout: float = 120,
 def stream(base: str, body: dict, stop_after: int | None = None, timeout: float = 120,
            on_first=None):
     """A streamed completion: (status, choices by index with their token_ids, text,
-    finish_reason and stop_reason accumulated, aborted).  ``stop_after`` chunks: close
+    finish_reason, stop_reason and record (``rollout_info``) accumulated, aborted).  ``stop_after`` chunks: close
     the connection there (a client abort).  ``on_first()`` is called once, at the first
     chunk with a choice: the request is in the engine and has produced output.  An error
     event in the stream (vLLM sends HTTP 200 once streaming starts, then
@@ -157,6 +157,8 @@ def stream(base: str, body: dict, stop_after: int | None = None, timeout: float 
                 if c.get("finish_reason") is not None:
                     acc["finish_reason"] = c["finish_reason"]
                     acc["stop_reason"] = c.get("stop_reason")
+                    if "rollout_info" in c:             # a flagged sample's record
+                        acc["rollout_info"] = c["rollout_info"]
             if on_first is not None and msg.get("choices"):
                 on_first()
                 on_first = None

@@ -8,7 +8,7 @@ present; an absent field takes the paper's default.
 One reader, :func:`read`, turns a request's ``extra_args`` into :class:`RLFlags` (every
 form: nested, JSON string, dotted, and what vLLM's ``vllm_xargs`` conversion makes of
 them).  The front end checks the flags once, at submission (the server's middleware,
-``vllm_rl/http_flags.py``, and ``patches/flags_admission.py``): a bad flag raises
+``vllm_rl/http_flags.py``, and ``patches/input_processor.py``): a bad flag raises
 :class:`FlagError` naming the flag and its allowed range, and only that request fails
 (HTTP 400).  The front end writes the canonical form (:meth:`RLFlags.canonical`); the
 engine reads it once per request (the scheduler's admission; the worker-side readers
@@ -21,7 +21,7 @@ import json
 import logging
 import uuid
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
 KEY = "vllm_rl"          # the key in SamplingParams.extra_args
@@ -38,11 +38,15 @@ class FlagError(ValueError):
 
 @dataclass(frozen=True)
 class _Field:
+    """One flag's declaration: its type, default (None: filled by the section's rule or
+    the engine), range or choices, and where its paper sets it."""
+
     kind: type | tuple[type, ...]
     default: Any = None
     lo: float | None = None
     hi: float | None = None
     choices: tuple[Any, ...] | None = None
+    cite: str = ""
 
     def allowed(self) -> str:
         if self.choices is not None:
@@ -75,41 +79,43 @@ class _Field:
         return value
 
 
-def _section(name: str, raw: Any, fields: dict[str, _Field]) -> dict[str, Any]:
+def flag(kind: type | tuple[type, ...], default: Any = None, *, lo: float | None = None,
+         hi: float | None = None, choices: tuple[Any, ...] | None = None, cite: str = ""):
+    """A flag, declared once as a field of its section's dataclass: the reader's checks,
+    the error's "allowed" text and :func:`schema` all come from here."""
+    return field(default=default, metadata={"flag": _Field(kind, default, lo, hi, choices,
+                                                           cite)})
+
+
+def _fields(section: type) -> dict[str, _Field]:
+    """A section dataclass's flags, in order."""
+    return {f.name: f.metadata["flag"] for f in fields(section)}
+
+
+def _section(name: str, raw: Any, flags: dict[str, _Field]) -> dict[str, Any]:
     """Type- and range-check one section; unknown keys are errors."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise FlagError(name, f"wrong type {type(raw).__name__}", "a mapping of flags")
     for key in raw:
-        if key not in fields:
-            raise FlagError(f"{name}.{key}", "unknown flag", "one of " + ", ".join(fields))
-    return {k: f.check(f"{name}.{k}", raw.get(k, f.default)) for k, f in fields.items()}
+        if key not in flags:
+            raise FlagError(f"{name}.{key}", "unknown flag", "one of " + ", ".join(flags))
+    return {k: f.check(f"{name}.{k}", raw.get(k, f.default)) for k, f in flags.items()}
 
 
 # --------------------------------------------------------------------------- sections
-
-GROUP_FIELDS = {
-    "id": _Field(str),
-    "size": _Field(int, lo=1, hi=MAX_GROUP),
-    "redundant": _Field(int, lo=1, hi=MAX_GROUP),
-}
-
 
 @dataclass(frozen=True)
 class GroupFlags:
     """Samples of one prompt: ``size`` = M kept for training, ``redundant`` = M' generated."""
 
-    id: str
-    size: int
-    redundant: int
+    id: str = flag(str)
+    size: int = flag(int, lo=1, hi=MAX_GROUP, cite="M (DARTS Alg. 2; GRPO's group)")
+    redundant: int = flag(int, lo=1, hi=MAX_GROUP, cite="M' (DARTS Sec. 4.1)")
 
 
-DARTS_FIELDS = {
-    "mode": _Field(str, "auto", choices=("auto", "dual_end", "shortest")),
-    "k": _Field(int, lo=0, hi=MAX_GROUP),
-    "m_up": _Field(int, lo=1, hi=MAX_GROUP),
-}
+GROUP_FIELDS = _fields(GroupFlags)
 
 
 @dataclass(frozen=True)
@@ -123,14 +129,17 @@ class DartsFlags:
     ``k`` defaults to ``M - 1`` (the paper's ``L = 1``).
     """
 
-    mode: str
-    k: int
-    m_up: int
+    mode: str = flag(str, "auto", choices=("auto", "dual_end", "shortest"), cite="Alg. 2")
+    k: int = flag(int, lo=0, hi=MAX_GROUP, cite="K of Sec. 4.1.2 (L = M - K = 1)")
+    m_up: int = flag(int, lo=1, hi=MAX_GROUP, cite="M_up of Alg. 2 (2M)")
 
     def early_stop(self, group: GroupFlags) -> bool:
         if self.mode == "auto":
             return group.redundant >= self.m_up
         return self.mode == "shortest"
+
+
+DARTS_FIELDS = _fields(DartsFlags)
 
 
 MARKER_KINDS = ("math", "code", "qa")
@@ -158,17 +167,6 @@ def compile_user_pattern(pattern: str) -> Callable[[str], bool]:
         raise ValueError(f"not an RE2 regular expression ({e})") from None
     return lambda text: compiled.search(text) is not None
 
-DUET_FIELDS = {
-    "marker": _Field(str, "math", choices=MARKER_KINDS),
-    "pattern": _Field(str),
-    "k1": _Field(int, lo=0, hi=1 << 20),
-    "k2": _Field(int, lo=0, hi=1 << 20),
-    "grace": _Field(int, 150, lo=0, hi=1 << 20),
-    "eps": _Field(float, 0.05, lo=1e-6, hi=1.0),
-    "poll": _Field(int, 8, lo=1, hi=4096),
-}
-
-
 @dataclass(frozen=True)
 class DuetFlags:
     """DUET's marker-gated abort with eps-keep (Sec. 3.2, Eq. 5; Alg. A.10 l.15-31).
@@ -183,26 +181,20 @@ class DuetFlags:
     Defaults: G = 150 and poll = 8 (App. A.3), eps = 0.05 (Table 3's default abort floor).
     """
 
-    marker: str
-    pattern: str | None
-    k1: int | None
-    k2: int | None
-    grace: int
-    eps: float
-    poll: int
+    marker: str = flag(str, "math", choices=MARKER_KINDS, cite="Sec. 3.2 marker detector")
+    pattern: str | None = flag(str)
+    k1: int | None = flag(int, lo=0, hi=1 << 20, cite="K1, App. A.3 (p30 online)")
+    k2: int | None = flag(int, lo=0, hi=1 << 20, cite="K2, App. A.3 (p80 online)")
+    grace: int = flag(int, 150, lo=0, hi=1 << 20, cite="G = 150, App. A.3")
+    eps: float = flag(float, 0.05, lo=1e-6, hi=1.0, cite="eps of Eq. 5-6, Table 3")
+    poll: int = flag(int, 8, lo=1, hi=4096, cite="delta_poll = 8, App. A.3")
+
+
+DUET_FIELDS = _fields(DuetFlags)
 
 
 DAS_POLICIES = ("class", "optimal", "fixed")
 MAX_DRAFT = 64   # tokens per verification round
-
-DAS_FIELDS = {
-    "problem_id": _Field(str),
-    "policy": _Field(str, choices=DAS_POLICIES),
-    "budget": _Field(int, lo=0, hi=MAX_DRAFT),
-    "min_prob": _Field(float, lo=0.0, hi=1.0),
-    "force": _Field(bool, False),
-}
-
 
 @dataclass(frozen=True)
 class DasFlags:
@@ -228,11 +220,14 @@ class DasFlags:
     The engine must have been started with DAS (``vllm_rl.LLM(das=True)``).
     """
 
-    problem_id: str | None
-    policy: str | None
-    budget: int | None
-    min_prob: float | None
-    force: bool = False
+    problem_id: str | None = flag(str, cite="the problem's suffix tree, Sec. 4.1")
+    policy: str | None = flag(str, choices=DAS_POLICIES, cite="Sec. 4.2.3 classes, Eq. 7")
+    budget: int | None = flag(int, lo=0, hi=MAX_DRAFT, cite="b of Sec. 4.2")
+    min_prob: float | None = flag(float, lo=0.0, hi=1.0)
+    force: bool = flag(bool, False)
+
+
+DAS_FIELDS = _fields(DasFlags)
 
 
 @dataclass(frozen=True)
@@ -252,17 +247,6 @@ class RLFlags:
                 if (section := getattr(self, name)) is not None}
 
 
-ARROL_FIELDS = {
-    "l_detect": _Field(int, 512, lo=1, hi=1 << 20),
-    "kappa": _Field(float, 0.5, lo=0.0, hi=1.0),
-    "rho": _Field(float, 0.5, lo=0.0, hi=1.0),
-    "lam": _Field(float, 0.5, lo=0.0, hi=16.0),
-    "p_min": _Field(float, 0.1, lo=0.0, hi=1.0),
-    "p_max": _Field(float, 0.9, lo=0.0, hi=1.0),
-    "return_hidden": _Field(bool, False),
-}
-
-
 @dataclass(frozen=True)
 class ArrolFlags:
     """ARRoL's quality-head pruning (Sec. 4.2; App. A.4 Eq. 1-2; Alg. 1 l.17-21).
@@ -278,16 +262,28 @@ class ArrolFlags:
     values, so [0.1, 0.9] is this project's choice.  The engine must have a head loaded (``vllm_rl.LLM(arrol=...)``).
     """
 
-    l_detect: int
-    kappa: float
-    rho: float
-    lam: float
-    p_min: float
-    p_max: float
-    return_hidden: bool
+    l_detect: int = flag(int, 512, lo=1, hi=1 << 20, cite="L_detect = 512, Alg. 1 l.15")
+    kappa: float = flag(float, 0.5, lo=0.0, hi=1.0, cite="kappa of Eq. 2")
+    rho: float = flag(float, 0.5, lo=0.0, hi=1.0, cite="rho of Eq. 2")
+    lam: float = flag(float, 0.5, lo=0.0, hi=16.0, cite="lambda of Eq. 2")
+    p_min: float = flag(float, 0.1, lo=0.0, hi=1.0, cite="Eq. 2's clip (the project's value)")
+    p_max: float = flag(float, 0.9, lo=0.0, hi=1.0, cite="Eq. 2's clip (the project's value)")
+    return_hidden: bool = flag(bool, False)
+
+
+ARROL_FIELDS = _fields(ArrolFlags)
 
 
 SECTIONS = ("group", "darts", "duet", "das", "arrol")
+
+
+def schema() -> list[tuple[str, str, Any, str]]:
+    """Every flag as declared: (``section.flag``, what it may be, its default, where its
+    paper sets it); ``docs/flags.md``'s tables follow it (``tests/unit/test_flags.py``)."""
+    sections = {"group": GroupFlags, "darts": DartsFlags, "duet": DuetFlags, "das": DasFlags,
+                "arrol": ArrolFlags}
+    return [(f"{name}.{k}", f.allowed(), f.default, f.cite)
+            for name in SECTIONS for k, f in _fields(sections[name]).items()]
 
 
 def _group(raw: dict[str, Any], n: int | None, path: str = "group") -> dict[str, Any]:

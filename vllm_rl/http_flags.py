@@ -1,7 +1,7 @@
 """Reject bad ``vllm_rl`` flags before an HTTP response starts: an ASGI middleware the
 endpoint plugin (:mod:`vllm_rl.endpoint`) installs on vLLM's API server.
 
-Why here: the engine-side check (``patches/flags_admission.py``) runs when the engine
+Why here: the engine-side check (``patches/input_processor.py``) runs when the engine
 admits a request.  For a streamed request vLLM has sent its 200 headers by then, so a
 bad flag could only come back as an error event inside the stream.  This middleware
 reads the JSON body of ``POST /v1/completions`` and ``POST /v1/chat/completions``

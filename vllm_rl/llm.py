@@ -20,7 +20,7 @@ from vllm import SamplingParams
 from vllm_rl.flags import read_or_warn
 from vllm_rl.darts.rule import annotate_group
 from vllm_rl.outcome import RolloutInfo, hidden_ids, with_hidden
-from vllm_rl.rpc import BY_NAME
+from vllm_rl.rpc import BY_NAME, rpc_methods
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+@rpc_methods()
 class LLM(vllm.LLM):
     """``vllm.LLM`` on the RL engine.  Same signature: ``model`` (a local path or a Hugging
     Face id; a ``Path`` works too) is required, as in ``vllm.LLM``.
@@ -92,51 +93,14 @@ class LLM(vllm.LLM):
         load_weights(self, weights)
 
     # -- the RL state on the workers (the RPC table, vllm_rl.rpc.METHODS) ----------
-    def _call(self, method: str, *args: Any) -> Any:
-        """``collective_rpc`` of one table method, its arguments checked (and against
+    def _rl_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``collective_rpc`` of one table method (the ``das_*`` / ``arrol_*`` methods,
+        generated from :data:`vllm_rl.rpc.METHODS`), its arguments checked (and against
         this engine's config) before any worker sees them; rank 0's result."""
         m = BY_NAME[method]
         config = getattr(getattr(self, "llm_engine", None), "vllm_config", None)
-        return m.result(self.collective_rpc(m.name, args=m.engine_call_args(config, *args)))
-
-    def das_prebuild(self, problem_id: str, rollouts: Sequence[Sequence[int]],
-                     prompt_token_ids: Sequence[int] | None = None) -> int:
-        """Fill a problem's DAS tree with past rollouts (output token ids); returns how
-        many were added."""
-        return self._call("das_prebuild", problem_id, rollouts, prompt_token_ids)
-
-    def das_clear(self, problem_id: str | None = None) -> int:
-        """Drop one problem's DAS tree, or every tree (``None``); returns how many were
-        dropped."""
-        return self._call("das_clear", problem_id)
-
-    def das_stats(self) -> dict[str, Any]:
-        """The DAS drafter's trees, memory, and acceptance (totals and per step)."""
-        return self._call("das_stats")
-
-    def das_phase(self) -> list[dict[str, Any]]:
-        """The drafter's recent phase-aware decisions (``batch_cap="phase"``)."""
-        return self._call("das_phase")
-
-    def arrol_update(self, head: Any = None, calibration: Any = None,
-                     cold_start: bool = False, version: int | None = None) -> int:
-        """Load ARRoL head weights (``QualityHead.export``, or a path to them) and/or a
-        calibration (``Calibration`` or its dict) between steps; ``cold_start=True`` goes
-        back to scoring without pruning.  Checked whole, and against this engine's head
-        and hidden size, before any worker sees it (``ValueError``).  Returns the head
-        version every record scored from the next step on names."""
-        return self._call("arrol_update", head, calibration, cold_start, version)
-
-    def arrol_info(self) -> dict[str, Any]:
-        """ARRoL's head: version, shape, calibration, samples scored and pruned."""
-        return self._call("arrol_info")
-
-    def arrol_hidden(self, request_ids: Sequence[str]) -> dict[str, Any]:
-        """Take the hidden states at ``l_detect`` the workers kept for these records
-        (``arrol.return_hidden``; the ids are the records' ``hidden_id``): request id ->
-        float32 numpy vector; ids not kept (or already taken) are absent.
-        :meth:`generate` calls it for you."""
-        return self._call("arrol_hidden", request_ids)
+        args = m.engine_call_args(config, *args, **kwargs)
+        return m.result(self.collective_rpc(m.name, args=args))
 
 
 def attach_rollout_info(outputs: Sequence[Any], params: Sequence[SamplingParams | None],

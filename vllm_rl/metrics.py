@@ -1,10 +1,10 @@
 """RL counters on vLLM's Prometheus registry: what the techniques did, on ``/metrics``.
 
 Every sample of a request with ``vllm_rl`` flags is counted once, when its final output
-passes the front end (``patches/metrics_records.py``): the process that serves
+passes the front end (``patches/output_processor.py``): the process that serves
 ``/metrics`` (the API server; the offline ``vllm_rl.LLM`` and ``AsyncLLM`` count in
-their own process).  The engine's record (:class:`~vllm_rl.outcome.RolloutInfo`, in the
-output's ``stop_reason``) gives reason, length and the techniques' fields; a flagged
+their own process).  The engine's record (:class:`~vllm_rl.outcome.RolloutInfo`, the
+output's ``rollout_info``) gives reason, length and the techniques' fields; a flagged
 sample that ends without one (a stop string found by the front end's detokenizer, a
 client abort) is counted from vLLM's own finish reason.  Requests without flags are
 not counted: vLLM's ``vllm:request_success_total`` has them.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_rl.outcome import PREFIX, Reason, RolloutInfo
+from vllm_rl.outcome import Reason, RolloutInfo
 
 NAMESPACE = "vllm_rl:"
 
@@ -148,20 +148,20 @@ def observe_weight_sync(mode: str, report: dict) -> None:
     c["weight_sync_cached_blocks_dropped"].inc(report.get("cached_blocks_dropped") or 0)
 
 
-def observe_output(state: Any, finish_reason: Any, stop_reason: Any) -> None:
-    """A final output passing the front end (``RequestState.make_request_output``):
-    count it if it is a vllm_rl sample."""
-    if isinstance(stop_reason, str) and stop_reason.startswith(PREFIX):
-        info = RolloutInfo.decode(stop_reason)
-    elif getattr(state, "vllm_rl_flagged", False):
+def observe_output(state: Any, finish_reason: Any, stop_reason: Any,
+                   info: RolloutInfo | None) -> None:
+    """A final output passing the front end (``RequestState._new_completion_output``):
+    count it if it is a vllm_rl sample (``info``: its record, taken out of the carrier;
+    ``stop_reason``: vLLM's own)."""
+    if info is None:
+        if not getattr(state, "vllm_rl_flagged", False):
+            return
         reason = _vllm_reason(int(finish_reason), stop_reason)
         if reason is None:
             return
         detok = state.detokenizer
         info = RolloutInfo(reason=reason,
                            length=detok.num_output_tokens() if detok is not None else 0)
-    else:
-        return
     observe(info, state.max_tokens_param)
 
 

@@ -1,9 +1,16 @@
 """What happened to each sample: :class:`RolloutInfo` and the :class:`Reason` enum.
 
-The engine writes a compact record into the finished request's ``stop_reason``
-(``"vllm_rl:{json}"``), the one field vLLM already carries from the scheduler to
-``RequestOutput`` and to the OpenAI response (``choices[i].stop_reason``).  A request
-without RL flags gets no record and keeps vLLM's own ``stop_reason``.
+A flagged sample's record is its own field, beside vLLM's: ``CompletionOutput.rollout_info``
+in the offline API and ``choices[i].rollout_info`` (a JSON object, streamed on the final
+chunk of each choice) on the OpenAI server (``docs/serving.md``).  vLLM's
+``stop_reason`` keeps vLLM's meaning everywhere a client reads it: the stop string or
+token that ended the sample, else None.  A request without RL flags gets no record.
+
+Inside the engine the record crosses the engine core's process boundary in the one
+field vLLM already carries from the scheduler to the front end, the finished request's
+``stop_reason`` (:meth:`RolloutInfo.encode`, ``"vllm_rl:{json}"``, vLLM's own value kept
+in ``stop``); the front end takes it out before it builds the client's output
+(``patches/output_processor.py``), so no client sees the carrier.
 
 Group-level marks that only exist once the whole group is back (DARTS dual-end
 selection) are added on the client side by :func:`vllm_rl.darts.rule.annotate_group`,
@@ -22,7 +29,8 @@ import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
-PREFIX = "vllm_rl:"
+PREFIX = "vllm_rl:"          # the carrier across the engine core's boundary (encode)
+RECORD_FIELD = "rollout_info"  # the record's field: CompletionOutput and OpenAI choices
 
 
 class Reason(str, enum.Enum):
@@ -148,27 +156,40 @@ class RolloutInfo:
                 and self.reason not in NOT_RUN_OUT)
 
     # -- wire format ------------------------------------------------------------
-    def encode(self) -> str:
-        """The wire form: ``"vllm_rl:"`` + compact JSON of the fields set, never the
-        hidden state (its ``hidden_id`` names it)."""
+    def to_json(self) -> dict:
+        """The record as a JSON object: the fields set, never the hidden state (its
+        ``hidden_id`` names it).  ``choices[i].rollout_info`` on the OpenAI server."""
         d = {f.name: getattr(self, f.name) for f in fields(self)
              if f.name not in _IN_PROCESS and getattr(self, f.name) is not None}
         d["reason"] = self.reason.value
-        return PREFIX + json.dumps(d, separators=(",", ":"))
+        return d
 
     @classmethod
-    def decode(cls, stop_reason: Any) -> "RolloutInfo | None":
-        if not isinstance(stop_reason, str) or not stop_reason.startswith(PREFIX):
-            return None
-        d = json.loads(stop_reason[len(PREFIX):])
-        d["reason"] = Reason(d["reason"])
+    def from_json(cls, d: Mapping[str, Any]) -> "RolloutInfo":
+        """A record from :meth:`to_json`'s object (unknown keys ignored)."""
         known = {f.name for f in fields(cls)} - _IN_PROCESS
-        return cls(**{k: v for k, v in d.items() if k in known})
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["reason"] = Reason(d["reason"])
+        return cls(**kw)
+
+    def encode(self) -> str:
+        """The carrier across the engine core's process boundary: ``"vllm_rl:"`` +
+        compact JSON (:meth:`to_json`), in the finished request's ``stop_reason`` until
+        the front end takes it out (module docstring)."""
+        return PREFIX + json.dumps(self.to_json(), separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, carrier: Any) -> "RolloutInfo | None":
+        """The record in an :meth:`encode` carrier, or None for anything else."""
+        if not isinstance(carrier, str) or not carrier.startswith(PREFIX):
+            return None
+        return cls.from_json(json.loads(carrier[len(PREFIX):]))
 
     @classmethod
     def from_completion(cls, completion: Any) -> "RolloutInfo":
-        """From a vLLM ``CompletionOutput`` (records absent for stock requests)."""
-        info = cls.decode(completion.stop_reason)
+        """From a vLLM ``CompletionOutput``: its ``rollout_info``, or for a request
+        without flags the outcome vLLM's own fields tell."""
+        info = record_of(completion)
         if info is not None:
             return info
         return cls(reason=_stock_reason(completion.finish_reason, completion.stop_reason),
@@ -176,13 +197,20 @@ class RolloutInfo:
 
     @classmethod
     def from_openai_choice(cls, choice: dict) -> "RolloutInfo":
-        """From one ``choices[i]`` of an OpenAI-compatible completion response."""
-        info = cls.decode(choice.get("stop_reason"))
-        if info is not None:
-            return info
+        """From one ``choices[i]`` of an OpenAI-compatible completion response: its
+        ``rollout_info``, or for a request without flags what vLLM's fields tell."""
+        record = choice.get(RECORD_FIELD)
+        if record is not None:
+            return cls.from_json(record)
         tokens = choice.get("token_ids") or []
         return cls(reason=_stock_reason(choice.get("finish_reason"), choice.get("stop_reason")),
                    length=len(tokens), stop=choice.get("stop_reason"))
+
+
+def record_of(completion: Any) -> RolloutInfo | None:
+    """A ``CompletionOutput``'s record (``rollout_info``), None for a request without
+    flags."""
+    return getattr(completion, RECORD_FIELD, None)
 
 
 _IN_PROCESS = frozenset({"hidden"})      # fields that never cross the wire

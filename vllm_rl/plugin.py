@@ -7,14 +7,9 @@ per engine (``scheduler_cls``), so installing vllm_rl never changes a stock engi
 """
 from __future__ import annotations
 
-_applied = False
-
 
 def register() -> None:
-    global _applied
-    if _applied:
-        return
+    """Apply the patches (once per process: the registry remembers them)."""
     from vllm_rl.patches import apply_all
 
     apply_all()
-    _applied = True

@@ -5,16 +5,18 @@ The RL state lives with the model runner in the worker process: the DAS drafter'
 (:mod:`vllm_rl.das.worker`) and ARRoL's head and kept hidden states
 (:mod:`vllm_rl.arrol.worker`).  vLLM reaches a worker method with ``collective_rpc``, run
 between steps.  Each :class:`Method` says once what the method takes and where it is
-served.  The ways to call them are written-out classes, each method with its signature and
-docstring, and ``tests/unit/test_rpc.py`` checks every one against :data:`METHODS` (same
-names, parameters and defaults):
+served.  A method is declared once: its signature is the worker's own method (the
+class its ``owner`` names, where ``collective_rpc`` lands), its docstring is the table's
+``doc`` (what a caller gets).  Every other way to call it is generated from that
+declaration (:func:`rpc_methods`), never written out again:
 
 * the worker extension, :class:`vllm_rl.worker.RLWorkerExtension` (a subclass of the
   classes named by the methods' ``owner``);
-* ``vllm_rl.LLM``'s methods (:class:`vllm_rl.llm.LLM`);
+* ``vllm_rl.LLM``'s methods (:class:`vllm_rl.llm.LLM`, ``@rpc_methods()``);
 * the framework actors' async methods (verl's ``RLHttpServer``, OpenRLHF's
-  ``RLRolloutActor``: :class:`vllm_rl.integrations.common.rpc.RLStateRPC`);
-* the server's HTTP routes (:mod:`vllm_rl.endpoint`), generated from the table.
+  ``RLRolloutActor``: :class:`vllm_rl.integrations.common.rpc.RLStateRPC`,
+  ``@rpc_methods(is_async=True)``);
+* the server's HTTP routes (:mod:`vllm_rl.endpoint`).
 
 A method's arguments go through :meth:`Method.call_args` on every path (token ids as
 ints, a calibration object as its dict, request ids as strings; an ARRoL update checked
@@ -25,7 +27,10 @@ result is rank 0's (every rank holds the same state).
 """
 from __future__ import annotations
 
+import importlib
+import inspect
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from vllm_rl.arrol.hidden import hidden_from_wire, hidden_to_wire
@@ -79,15 +84,13 @@ def _hidden_json(result: Mapping[str, Any]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Method:
-    """One RPC: its name on the worker, its parameters (in order) with defaults, the
-    worker class that implements it, the HTTP route, the key the route returns the
-    result under (None: the result is the response body), how a caller reads one rank's
-    result (``from_worker``; None: as it is) and how the route writes it as JSON
-    (``to_json``; None: as it is)."""
+    """One RPC: its name on the worker, the worker class that implements it (whose method
+    is the signature), what a caller gets (``doc``), the HTTP route, the key the route
+    returns the result under (None: the result is the response body), how a caller reads
+    one rank's result (``from_worker``; None: as it is) and how the route writes it as
+    JSON (``to_json``; None: as it is)."""
 
     name: str
-    params: tuple[str, ...]
-    defaults: Mapping[str, Any]
     owner: str
     doc: str
     http: tuple[str, str]                      # (verb, path)
@@ -98,9 +101,41 @@ class Method:
     from_worker: Callable[[Any], Any] | None = None              # one rank's result, read
     to_json: Callable[[Any], Any] | None = None                  # the route's answer
 
+    @cached_property
+    def signature(self) -> inspect.Signature:
+        """The worker method's signature (``owner``'s), ``self`` included."""
+        module, _, cls = self.owner.rpartition(".")
+        return inspect.signature(getattr(getattr(importlib.import_module(module), cls),
+                                         self.name))
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return tuple(self.signature.parameters)[1:]
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in list(self.signature.parameters.values())[1:]
+                if p.default is not p.empty}
+
     @property
     def required(self) -> tuple[str, ...]:
         return tuple(p for p in self.params if p not in self.defaults)
+
+    def front_end(self, is_async: bool) -> Callable:
+        """This method on a front end: checked like a Python call, then
+        ``self._rl_call(name, *args, **kwargs)`` (awaited if ``is_async``), with the
+        worker's signature and the table's docstring."""
+        name = self.name
+        if is_async:
+            async def method(self, *args, **kwargs):
+                return await self._rl_call(name, *args, **kwargs)
+        else:
+            def method(self, *args, **kwargs):
+                return self._rl_call(name, *args, **kwargs)
+        method.__name__ = name
+        method.__doc__ = self.doc
+        method.__signature__ = self.signature
+        return method
 
     def call_args(self, *args: Any, **kwargs: Any) -> tuple:
         """The worker's positional arguments from a Python call (checked like one)."""
@@ -140,31 +175,31 @@ class Method:
 
 
 METHODS: tuple[Method, ...] = (
-    Method("das_prebuild", ("problem_id", "rollouts", "prompt_token_ids"),
-           {"prompt_token_ids": None}, DAS_WORKER,
+    Method("das_prebuild", DAS_WORKER,
            "Fill a problem's DAS tree with past rollouts (output token ids; over HTTP also "
            "texts, and a 'prompt' text); returns how many were added.",
            ("POST", "/vllm_rl/das/prebuild"), "rollouts", _prebuild, http_extra=("prompt",)),
-    Method("das_clear", ("problem_id",), {"problem_id": None}, DAS_WORKER,
+    Method("das_clear", DAS_WORKER,
            "Drop one problem's DAS tree, or every tree; returns how many were dropped.",
            ("POST", "/vllm_rl/das/clear"), "dropped"),
-    Method("das_stats", (), {}, DAS_WORKER,
+    Method("das_stats", DAS_WORKER,
            "The DAS drafter's trees, memory, and acceptance (totals and per step).",
            ("GET", "/vllm_rl/das/stats")),
-    Method("das_phase", (), {}, DAS_WORKER,
+    Method("das_phase", DAS_WORKER,
            "The drafter's recent phase-aware decisions (batch_cap='phase').",
            ("GET", "/vllm_rl/das/phase")),
-    Method("arrol_update", ("head", "calibration", "cold_start", "version"),
-           {"head": None, "calibration": None, "cold_start": False, "version": None},
-           ARROL_WORKER,
-           "Load ARRoL head weights (QualityHead.export) and/or a calibration between "
-           "steps; cold_start=True goes back to scoring without pruning.  Returns the head "
-           "version every record scored from the next step on names.",
+    Method("arrol_update", ARROL_WORKER,
+           "Load ARRoL head weights (QualityHead.export, or a path to them) and/or a "
+           "calibration (Calibration or its dict) between steps; cold_start=True goes back "
+           "to scoring without pruning.  Checked whole, and against the engine's head and "
+           "hidden size where the caller knows the engine, before any worker sees it "
+           "(ValueError).  Returns the head version every record scored from the next "
+           "step on names.",
            ("POST", "/vllm_rl/arrol"), "version", _arrol_update),
-    Method("arrol_info", (), {}, ARROL_WORKER,
+    Method("arrol_info", ARROL_WORKER,
            "ARRoL's head: version, shape, calibration, samples scored and pruned.",
            ("GET", "/vllm_rl/arrol")),
-    Method("arrol_hidden", ("request_ids",), {}, ARROL_WORKER,
+    Method("arrol_hidden", ARROL_WORKER,
            "Take the hidden states at l_detect kept on the worker for these records "
            "(arrol.return_hidden; the ids are the records' hidden_id): request id -> "
            "float32 vector, ids not kept (or already taken) absent.  Over HTTP: base64 of "
@@ -174,5 +209,20 @@ METHODS: tuple[Method, ...] = (
 )
 BY_NAME = {m.name: m for m in METHODS}
 
+
+def rpc_methods(is_async: bool = False) -> Callable[[type], type]:
+    """A class decorator: every method of :data:`METHODS` on a front end that defines
+    ``_rl_call(name, *args, **kwargs)`` (generated, :meth:`Method.front_end`; a method
+    the class writes itself is kept)."""
+    def add(cls: type) -> type:
+        for m in METHODS:
+            if m.name not in vars(cls):
+                fn = m.front_end(is_async)
+                fn.__qualname__ = f"{cls.__qualname__}.{m.name}"
+                fn.__module__ = cls.__module__
+                setattr(cls, m.name, fn)
+        return cls
+    return add
+
 __all__ = ["ARROL_WORKER", "BY_NAME", "DAS_WORKER", "METHODS", "Method", "hidden_from_wire",
-           "hidden_to_wire"]
+           "hidden_to_wire", "rpc_methods"]

@@ -89,7 +89,7 @@ class EngineSettings:
         GPU, unless DAS asks for synchronous scheduling (``DASConfig.async_scheduling``
         off) or the engine runs on vLLM's CPU platform, which schedules every engine
         synchronously unless ``additional_config`` has ``vllm_rl_async_cpu: true``
-        (``patches/das_async.py``)."""
+        (``patches/model_runner/das_async.py``)."""
         sync = (self.das is not None and not self.das.async_scheduling) or \
             (on_cpu() and not (additional_config or {}).get(CPU_ASYNC_KEY))
         return {"scheduler_cls": SYNC_SCHEDULER_CLS if sync else SCHEDULER_CLS,
@@ -136,7 +136,7 @@ class EngineSettings:
 
     def env(self) -> dict[str, str]:
         """Environment the engine's processes need: ARRoL selects vLLM's V1 model runner
-        (the one ``patches/arrol_capture.py`` patches)."""
+        (the one ``patches/model_runner/arrol_capture.py`` patches)."""
         return {RUNNER_ENV: "0"} if self.arrol is not None else {}
 
 

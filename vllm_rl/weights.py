@@ -74,7 +74,7 @@ def weight_sync(llm: Any, label: str | None = None) -> dict:
     (``label``, or the RL engine's version).  Returns the engine's report
     (``weight_version``, ``prefix_cache_reset``, ``cached_blocks_dropped``,
     ``requests_recomputed``, ``flagged_samples_across``, ``label``;
-    ``patches/weight_sync.py``)."""
+    ``patches/engine_core.py``)."""
     client = llm.llm_engine.engine_core
     if hasattr(client, "call_utility"):          # the engine core in its own process
         return client.call_utility("vllm_rl_weight_sync", label)

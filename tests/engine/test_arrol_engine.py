@@ -72,7 +72,7 @@ def test_hidden_state_at_l_detect_equals_a_transformers_forward(arrol_llm, hf_mo
             assert info.score is None
             continue
         # the record names the vector the worker kept; generate took it (arrol_hidden)
-        assert info.hidden_id is not None and "hidden\"" not in c.stop_reason
+        assert info.hidden_id is not None and c.stop_reason is None
         h = torch.from_numpy(info.hidden_state().copy())
         ids = list(o.prompt_token_ids) + list(c.token_ids)
         ref = _hf_hidden(hf_model, ids[:len(o.prompt_token_ids) + L],

@@ -9,6 +9,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from conftest import MAX_MODEL_LEN
 from vllm_rl import Reason, RolloutInfo, engine_args, rl_params
+from vllm_rl.outcome import record_of
 
 pytestmark = pytest.mark.engine
 
@@ -104,7 +105,7 @@ async def _scenario(prompts):
         from vllm_rl.arrol.hidden import hidden_from_wire
         from vllm_rl.outcome import hidden_ids, with_hidden
 
-        scored = [RolloutInfo.decode(c.stop_reason) for c in arrol.outputs]
+        scored = [record_of(c) for c in arrol.outputs]
         scored = [i for i in scored if i is not None and i.score is not None]
         kept = hidden_from_wire(
             (await engine.collective_rpc("arrol_hidden", args=(hidden_ids(scored),)))[0])
@@ -183,7 +184,7 @@ def test_async_engine_serves_groups_and_rejects_bad_flags(prompts):
     for flag, err in errors.items():
         assert type(err).__name__ == "VLLMValidationError"
         assert f"'{flag}'" in str(err) and "allowed" in str(err)
-    infos = [RolloutInfo.decode(c.stop_reason) for c in out]
+    infos = [record_of(c) for c in out]
     assert len(infos) == 8 and all(i is not None for i in infos)
     valid = [i for i in infos if i.valid]
     if any(i.reason is Reason.DARTS_CANCELLED for i in infos):
@@ -205,7 +206,7 @@ def test_async_engine_serves_groups_and_rejects_bad_flags(prompts):
     for completions in ended["wait"]:              # finished on the old weights, whole
         assert len(completions) == 8
         for c in completions:
-            info = RolloutInfo.decode(c.stop_reason)
+            info = record_of(c)
             assert info.reason is not Reason.ABORT and c.finish_reason != "abort", info
             assert len(c.token_ids) == info.length == FLIGHT_TOKENS, info
     for completions in ended["abort"]:             # every sample in flight ended now, and said so

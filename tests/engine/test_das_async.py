@@ -1,4 +1,4 @@
-"""DAS under vLLM's asynchronous scheduling (``patches/das_async.py``), against the same
+"""DAS under vLLM's asynchronous scheduling (``patches/model_runner/das_async.py``), against the same
 drafter scheduled synchronously.
 
 The session's ``das_llm`` schedules asynchronously, as a DAS engine does on a GPU (on

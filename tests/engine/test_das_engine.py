@@ -107,7 +107,7 @@ def test_sampling_distribution_unchanged_by_das(das_llm, prompts):
     mean per-sample token log-probability (and mean length).  Measured here, round means
     spread with a standard deviation of about 0.01 nats (5 tokens), so arms three rounds
     each differ by less than 0.04 (12 tokens) unless the verifier is wrong: with the CPU
-    temperature bug (``patches/das_cpu_spec_expand.py``) the DAS arm's tokens are noise, far
+    temperature bug (``patches/rejection_sampler.py``) the DAS arm's tokens are noise, far
     below -1 nat per token."""
     ps = prompts[24:40]
 

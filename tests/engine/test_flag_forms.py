@@ -77,7 +77,8 @@ def test_every_form_gets_the_same_verdict_in_both_modes(server, streamed):
         seen.append((name, status))
         if expected is None:
             assert status == 200 and not resp.get("in_stream"), (name, status, resp)
-            infos = [RolloutInfo.decode(c["stop_reason"]) for c in resp["choices"]]
+            infos = [RolloutInfo.from_json(c["rollout_info"]) if c.get("rollout_info")
+                     else None for c in resp["choices"]]
             assert len(infos) == n and all(infos), (name, resp)
             hidden = _sent_hidden(xargs)
             if hidden is not None:                    # scored at l_detect = 2 of 6 tokens

@@ -6,7 +6,8 @@ so the test can read the real scheduler's block pool between steps.
 import pytest
 from vllm import SamplingParams
 
-from vllm_rl import Reason, RolloutInfo, rl_params
+from vllm_rl import Reason, rl_params
+from vllm_rl.outcome import record_of
 
 pytestmark = pytest.mark.engine
 
@@ -38,7 +39,7 @@ def test_cancelled_blocks_are_freed_in_the_same_step(inproc_llm, prompts):
     for _ in range(400):
         outs = engine.step()
         cancelled = [c for o in outs for c in o.outputs
-                     if (i := RolloutInfo.decode(c.stop_reason)) and i.reason is Reason.DARTS_CANCELLED]
+                     if (i := record_of(c)) and i.reason is Reason.DARTS_CANCELLED]
         if cancelled and not cancelled_seen:
             cancelled_seen = True
             group_left = [r for r in sched.requests if r != "long" and not r.startswith("long")]
@@ -59,6 +60,6 @@ def test_block_pool_returns_to_idle_after_a_darts_step(inproc_llm, prompts):
     sp = SamplingParams(n=8, temperature=1.0, max_tokens=256, seed=9,
                         extra_args=rl_params(group={"size": 4}, darts={"mode": "shortest"}))
     outs = inproc_llm.generate(prompts[:16], sp, use_tqdm=False)
-    assert any(c.rollout_info.reason is Reason.DARTS_CANCELLED for o in outs for c in o.outputs)
+    assert any(record_of(c).reason is Reason.DARTS_CANCELLED for o in outs for c in o.outputs)
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == idle_free
     assert not sched.requests and not sched.rl_members and len(sched.rl_groups) == 0

@@ -6,6 +6,7 @@ import pytest
 
 from server_fixture import call, metrics, shared_server, stream, wait_idle
 from vllm_rl import Reason, RolloutInfo, rl_params, rl_xargs
+from vllm_rl.outcome import record_of
 from vllm_rl import metrics as rlm
 from vllm_rl.metrics import total
 from vllm_rl.task import MODEL_PATH
@@ -82,12 +83,12 @@ def test_observe_output_counts_records_and_flagged_samples_without_one():
     ]
     before = rlm.snapshot()
     for info in records:
-        rlm.observe_output(flagged, FinishReason.ABORT, info.encode())
-    rlm.observe_output(flagged, FinishReason.STOP, "=")
-    rlm.observe_output(flagged, FinishReason.ABORT, None)
-    rlm.observe_output(flagged, FinishReason.ERROR, None)
-    rlm.observe_output(stock, FinishReason.STOP, None)
-    rlm.observe_output(stock, FinishReason.LENGTH, None)
+        rlm.observe_output(flagged, FinishReason.ABORT, info.stop, info)
+    rlm.observe_output(flagged, FinishReason.STOP, "=", None)
+    rlm.observe_output(flagged, FinishReason.ABORT, None, None)
+    rlm.observe_output(flagged, FinishReason.ERROR, None, None)
+    rlm.observe_output(stock, FinishReason.STOP, None, None)
+    rlm.observe_output(stock, FinishReason.LENGTH, None, None)
     gauges = {rlm.NAMESPACE + name for name in rlm.GAUGES}        # last values, not counts
     got = {k: v for k, v in _delta(rlm.snapshot(), before).items() if k not in gauges}
     want = _expected([(i, 100) for i in records]
@@ -103,7 +104,7 @@ def test_arrol_gate_gauge_follows_the_last_scored_record():
                               detokenizer=SimpleNamespace(num_output_tokens=lambda: 7))
     for p, open_ in ((0.5, 1.0), (None, 0.0)):
         info = RolloutInfo(Reason.EOS, 40, 1.0, score=0.6, q=0.5, p=p)
-        rlm.observe_output(flagged, FinishReason.STOP, info.encode())
+        rlm.observe_output(flagged, FinishReason.STOP, None, info)
         assert rlm.snapshot()["vllm_rl:arrol_gate_open"] == open_
 
 
@@ -116,7 +117,7 @@ def test_head_auc_gauge_shows_the_last_calibrated_record():
     for auc in (0.71, 0.83):
         info = RolloutInfo(Reason.EOS, 40, 1.0, score=0.6, q=0.5, p=0.5, head_version=3,
                            head_auc=auc)
-        rlm.observe_output(flagged, FinishReason.STOP, info.encode())
+        rlm.observe_output(flagged, FinishReason.STOP, None, info)
         assert rlm.snapshot()["vllm_rl:arrol_head_auc"] == auc
     assert RolloutInfo.decode(info.encode()).head_auc == 0.83
 
@@ -147,7 +148,7 @@ def test_offline_llm_counts_in_its_own_process(rl_llm, prompts):
     outs = rl_llm.generate(prompts[:2], sp, use_tqdm=False)
     stock = rl_llm.generate(prompts[:1], SamplingParams(max_tokens=8), use_tqdm=False)
     assert stock[0].outputs[0].rollout_info.reason in (Reason.EOS, Reason.LENGTH)
-    records = [RolloutInfo.decode(c.stop_reason) for o in outs for c in o.outputs]
+    records = [record_of(c) for o in outs for c in o.outputs]
     assert all(records) and len(records) == 16
     assert _rl(_delta(rlm.snapshot(), before)) == _expected([(i, 96) for i in records])
 
@@ -194,7 +195,7 @@ def test_server_metrics_equal_the_records(server, prompts):
             if "vllm_xargs" in kw:
                 records.append((info, body["max_tokens"]))
             else:
-                assert RolloutInfo.decode(c["stop_reason"]) is None
+                assert "rollout_info" not in c
     status, resp, aborted = stream(server, _body(prompts[20], n=3, max_tokens=300,
                                                  ignore_eos=True,
                                                  vllm_xargs=rl_xargs(group={"size": 3})),

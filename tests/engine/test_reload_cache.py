@@ -132,7 +132,7 @@ def test_a_flagless_request_in_flight_is_recomputed_without_a_record(inproc_llm)
     drive.step_until(lambda: held in drive.done)
     out = drive.done[held].outputs[0]
     assert len(out.token_ids) == 12
-    assert RolloutInfo.decode(out.stop_reason) is None
+    assert getattr(out, "rollout_info", None) is None
 
 
 def _stream_until_first_token(base: str, body: dict, started, out: dict) -> None:
@@ -209,7 +209,7 @@ def test_reload_route_keep_under_load(tmp_path):
         assert resp["cache"]["cached_blocks_dropped"] > 0, resp
         assert hits_of(p) == 0, "a request after the reload hit a block of the old weights"
         assert total(metrics(base), "vllm_rl:weight_syncs_total", mode="keep") == syncs + 1
-        info = RolloutInfo.decode(out["choice"]["stop_reason"])
+        info = RolloutInfo.from_json(out["choice"]["rollout_info"])
         assert info is not None and info.length == 300, out
         across = resp["cache"]["flagged_samples_across"]
         # the request was in flight at the reload unless it had already ended by then
@@ -226,7 +226,7 @@ def test_reload_route_keep_under_load(tmp_path):
 def test_seeded_requests_recomputed_in_chunks_after_a_sync(inproc_llm):
     """Sampled requests with their own seed, in flight at a sync, recompute in chunked
     prefills (more tokens than one step's budget): vLLM 0.32's CPU runner would rewind
-    their generators with a CUDA-only call and die (``patches/cpu_seeded_chunks.py``)."""
+    their generators with a CUDA-only call and die (``patches/input_batch.py``)."""
     from vllm_rl.weights import weight_sync
 
     engine = inproc_llm.llm_engine

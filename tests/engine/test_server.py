@@ -68,7 +68,7 @@ def test_server_dotted_flags_are_the_same_schema(server, prompts):
     xargs = {"vllm_rl.group.size": 4, "vllm_rl.darts.mode": "shortest"}
     status, resp = _post(server, _body(prompts[1], n=8, vllm_xargs=xargs))
     assert status == 200, resp
-    assert all(RolloutInfo.decode(c["stop_reason"]) for c in resp["choices"])
+    assert all(c.get("rollout_info") for c in resp["choices"])
 
 
 def test_server_rejects_bad_flags_with_400_and_keeps_serving(server, prompts):
@@ -117,8 +117,8 @@ def test_server_arrol_route_flags_and_records(server, prompts):
     from vllm_rl.outcome import hidden_ids, with_hidden
 
     ids = hidden_ids(scored)
-    assert len(ids) == len(scored) and all("hidden" not in c["stop_reason"].replace(
-        "hidden_id", "") for c in resp["choices"])
+    assert len(ids) == len(scored) and all("hidden" not in c["rollout_info"]
+                                           for c in resp["choices"])
     status, kept = _call(server, "/vllm_rl/arrol/hidden", {"request_ids": ids})
     assert status == 200 and set(kept["hidden"]) == set(ids), kept
     scored = with_hidden(scored, kept["hidden"])
@@ -197,9 +197,10 @@ def test_server_good_flags_still_stream(server, prompts, route):
         assert not any("error" in c for c in chunks), chunks
         ends = {c["index"]: c for ch in chunks for c in ch["choices"] if c.get("finish_reason")}
         assert sorted(ends) == [0, 1], chunks
-        if "chat" not in route:
-            infos = [RolloutInfo.decode(c["stop_reason"]) for c in ends.values()]
-            assert all(infos) and len({i.group_id for i in infos}) == 1, infos
+        infos = [RolloutInfo.from_json(c["rollout_info"]) for c in ends.values()]
+        assert len({i.group_id for i in infos}) == 1, infos
+        assert all(c["stop_reason"] is None or not str(c["stop_reason"]).startswith("vllm_rl")
+                   for c in ends.values()), ends
 
 
 def test_server_openai_client_gets_bad_request_error(server, prompts):

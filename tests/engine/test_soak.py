@@ -160,8 +160,11 @@ FINISH = {Reason.EOS: "stop", Reason.STOP: "stop", Reason.LENGTH: "length"}
 def check_choice(c: dict, raw: dict | None, max_tokens: int, group_id: str | None) -> list[str]:
     """What is wrong with one returned choice (empty: nothing)."""
     bad = []
-    info = RolloutInfo.decode(c["stop_reason"])
+    record = c.get("rollout_info")
+    info = None if record is None else RolloutInfo.from_json(record)
     where = f"choice {c.get('index')} ({c['finish_reason']}, {c['stop_reason']!r:.200})"
+    if isinstance(c["stop_reason"], str) and c["stop_reason"].startswith("vllm_rl"):
+        bad.append(f"{where}: the record's carrier reached the client")
     n_tokens = len(c["token_ids"])
     if raw is None:
         if info is not None:

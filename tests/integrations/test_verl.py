@@ -223,7 +223,7 @@ def test_early_ends_are_not_aborts(rollout_batch):
 
     for raw in rollout_batch.non_tensor_batch["vllm_rl"]:
         info = RolloutInfo.decode(raw)
-        final = type("Final", (), {"outputs": [type("C", (), {"stop_reason": raw})()]})()
+        final = type("Final", (), {"outputs": [type("C", (), {"rollout_info": info})()]})()
         out = with_record(TokenOutput(token_ids=[], stop_reason="aborted" if info.reason.early
                                       else "completed"), final)
         if info.reason.early:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_rl import rl_params
+from vllm_rl import rl_params, step_output
 from vllm_rl.arrol import scorer as scorer_mod
 from vllm_rl.arrol.config import ArrolConfig
 from vllm_rl.arrol.head import QualityHead
@@ -229,7 +229,7 @@ def test_a_steps_verdicts_against_log_softmax_and_the_head(dtype):
                               req_id_to_index=runner.input_batch.req_id_to_index)
         if plan:
             scorer.finish(plan, out)
-        verdicts.update(getattr(out, "vllm_rl_arrol", None) or {})
+        verdicts.update(_verdicts(out))
     assert len(verdicts) == eng.count == 75
     for rid, v in verdicts.items():
         L = 3 + (int(rid[1:]) + 1) % 4          # request r{k} got the flags of count k + 1
@@ -338,8 +338,14 @@ def _device_scorer(monkeypatch):
     return scorer
 
 
+def _verdicts(out) -> dict:
+    step = step_output.of(out)
+    return {} if step is None else step.verdicts
+
+
 class AsyncOut:
-    """vLLM's AsyncGPUModelRunnerOutput's shape: get_output waits for its copy event."""
+    """vLLM's AsyncGPUModelRunnerOutput's shape: get_output waits for its copy event (and,
+    as the ``get_output`` patch adds, settles the decisions deferred to it)."""
 
     def __init__(self, mro, sampled: torch.Tensor):
         self._model_runner_output = mro
@@ -350,6 +356,7 @@ class AsyncOut:
         GUARD.phase = "vllm synchronised (get_output)"
         self._model_runner_output.sampled_token_ids = [
             [t] for t in self._sampled_token_ids.as_subclass(torch.Tensor)[:, 0].tolist()]
+        step_output.settle(self._model_runner_output)
         return self._model_runner_output
 
 
@@ -384,7 +391,7 @@ def test_the_step_path_reads_no_device_value_before_vllms_sync(monkeypatch, mode
         if mode == "async":
             GUARD.phase = "async output thread"
             out = out.get_output()
-        verdicts.update(getattr(out, "vllm_rl_arrol", None) or {})
+        verdicts.update(_verdicts(out))
         GUARD.phase = "idle"
     assert len(verdicts) == 32
     assert GUARD.reads == [], GUARD.reads[:10]

@@ -91,3 +91,12 @@ def test_bench_rejects_unknown_configs_and_subcommands():
     assert r.returncode == 2 and "nope" in r.stderr
     r = _run("bench", "nope")
     assert r.returncode != 0 and "unknown subcommand" in r.stderr
+
+
+def test_results_record_what_they_ran_on():
+    """``bench train``'s JSON names the checkout's commit and the engine's versions."""
+    from vllm_rl.bench.logs import provenance
+
+    p = provenance()
+    assert p["commit"] is None or (len(p["commit"]) == 40 and isinstance(p["dirty"], bool))
+    assert p["vllm"] and p["torch"]

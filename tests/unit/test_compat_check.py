@@ -16,8 +16,15 @@ import pytest
 from vllm_rl.compat import contracts
 from vllm_rl.compat.check import main, run, source_for
 from vllm_rl.compat.source import SourceTree
-from vllm_rl.patches import (PatchMismatch, arrol_capture, das_async, das_cpu_spec_expand,
-                              das_proposer_context, flags_admission, metrics_records)
+from vllm_rl.patches import PatchMismatch
+from vllm_rl.patches.config import DasAsyncConfig
+from vllm_rl.patches.input_processor import FlagsAdmission
+from vllm_rl.patches.model_runner.arrol_capture import ArrolCapture
+from vllm_rl.patches.model_runner.das_async import DasAsyncRunner
+from vllm_rl.patches.model_runner.das_context import DasProposerContext
+from vllm_rl.patches.openai_serving import RecordOnChoices
+from vllm_rl.patches.output_processor import RecordField
+from vllm_rl.patches.rejection_sampler import CpuSpecExpand
 
 
 def _site() -> Path:
@@ -68,8 +75,10 @@ def test_checker_passes_on_the_installed_package_without_importing_it():
     assert lines[1].split() == ["check", "target", "result"]
     rows = {line.split()[0] + (" " + line.split()[1] if line.startswith("patch ") else ""): line
             for line in lines[3:-1]}
-    for name in ("patch flags_admission", "patch das_proposer_context", "patch das_cpu_spec_expand",
-                 "patch arrol_capture", "patch metrics_records", *(c.name for c in contracts.ALL)):
+    for name in ("patch FlagsAdmission", "patch DasProposerContext", "patch CpuSpecExpand",
+                 "patch ArrolCapture", "patch RecordField", "patch RecordOnChoices",
+                 "patch DasAsyncConfig", "patch DasAsyncRunner",
+                 *(c.name for c in contracts.ALL)):
         assert name in rows and " ok" in rows[name], (name, out.stdout)
     assert lines[-1] == f"{len(rows)}/{len(rows)} checks pass"
 
@@ -103,7 +112,7 @@ def test_checker_exit_status_and_a_version_not_in_checked(tmp_path, capsys):
     src = mutated(tmp_path, "vllm._version", "'0.32.0'", "'0.32.9'", count=None)
     rows = run(src)
     assert all(r.ok for r in rows)
-    assert all("0.32.9 not in CHECKED" in r.result for r in rows if r.check.startswith("patch"))
+    assert all("0.32.9 not in checked" in r.result for r in rows if r.check.startswith("patch"))
     mutated(tmp_path, "vllm.v1.engine.output_processor",
             "self.request_states[request_id] = req_state", "self._put(request_id, req_state)")
     assert main([str(tmp_path / "src")]) == 1
@@ -119,37 +128,47 @@ def test_fan_out_check_is_not_fooled_by_request_params(tmp_path, module):
     src = mutated(tmp_path, module, "        params = request.params\n", "")
     assert "params = request.params" in src.text(module)     # what fooled the substring
     with pytest.raises(PatchMismatch, match="fans out n > 1"):
-        flags_admission.check(src)
+        FlagsAdmission.check(src)
 
 
 MUTATIONS = {
-    "own params": (flags_admission, "vllm.v1.engine.input_processor", "params.clone()",
+    "own params": (FlagsAdmission, "vllm.v1.engine.input_processor", "params.clone()",
                    "params  # no params.clone()", None, "its own params"),
-    "async path": (flags_admission, "vllm.v1.engine.input_processor",
+    "async path": (FlagsAdmission, "vllm.v1.engine.input_processor",
                    "make_async(\n            self.process_inputs,",
                    "make_async(\n            self._process,", 1, "process_inputs_async"),
-    "custom_class": (das_proposer_context, "vllm.v1.worker.gpu_model_runner",
+    "custom_class": (DasProposerContext, "vllm.v1.worker.gpu_model_runner",
                      'elif spec_config.method == "custom_class":',
                      'elif spec_config.method == "custom_class_v2":', 1, "custom_class"),
-    "async check": (das_async, "vllm.config.vllm", "not in get_args(NgramGPUTypes)",
+    "async check": (DasAsyncConfig, "vllm.config.vllm", "not in get_args(NgramGPUTypes)",
                     "not in NGRAM_GPU_METHODS", None, "NgramGPUTypes"),
-    "async bookkeeping": (das_async, "vllm.v1.worker.gpu_model_runner",
+    "async bookkeeping": (DasAsyncRunner, "vllm.v1.worker.gpu_model_runner",
                           "if self.input_batch.prev_sampled_token_ids is None:\n"
                           "                assert sampled_token_ids.shape[-1] == 1",
                           "if not self.input_batch.has_prev:\n"
                           "                assert sampled_token_ids.shape[-1] == 1", 1,
                           "previous tokens"),
-    "async placeholders": (das_async, "vllm.v1.core.sched.async_scheduler",
+    "async placeholders": (DasAsyncRunner, "vllm.v1.core.sched.async_scheduler",
                            "* scheduler_output.num_spec_tokens_to_schedule",
                            "* self.num_spec_tokens", 1, "placeholder"),
-    "expand by name": (das_cpu_spec_expand, "vllm.v1.sample.rejection_sampler",
+    "expand by name": (CpuSpecExpand, "vllm.v1.sample.rejection_sampler",
                        "= expand_batch_to_tokens(", "= _expand_to_tokens(", None,
                        "no longer expands"),
-    "state cleared": (arrol_capture, "vllm.v1.worker.gpu_model_runner",
+    "state cleared": (ArrolCapture, "vllm.v1.worker.gpu_model_runner",
                       "        self.execute_model_state = None\n",
                       "        pass  # self.execute_model_state = None\n", 1,
                       "execute_model_state"),
-    "state stored": (metrics_records, "vllm.v1.engine.output_processor",
+    "output returned": (ArrolCapture, "vllm.v1.worker.gpu_model_runner",
+                        "        return output\n\n\ndef _copy_pooler_output_to_cpu(",
+                        "        return None\n\n\ndef _copy_pooler_output_to_cpu(", 1,
+                        "returning its output"),
+    "stop_reason given": (RecordField, "vllm.v1.engine.output_processor",
+                          "stop_reason=stop_reason if finished else None,",
+                          "stop_reason=None,", 1, "stop_reason"),
+    "choices numbered": (RecordOnChoices, "vllm.entrypoints.openai.completion.serving",
+                         "i = output.index + prompt_idx * num_choices",
+                         "i = prompt_idx * num_choices + output.index", 1, "numbers"),
+    "state stored": (RecordField, "vllm.v1.engine.output_processor",
                      "self.request_states[request_id] = req_state",
                      "self._put(request_id, req_state)", 1, "request_states"),
 }

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from vllm_rl.das.config import CONFIG_KEY, PROPOSER, DASConfig, prompt_problem_id
+from vllm_rl.das.config import CONFIG_KEY, PROPOSER, DASConfig, default_problem_id
 
 
 def test_defaults_and_engine_kwargs():
@@ -42,10 +42,10 @@ def test_bad_settings_are_rejected(bad):
         DASConfig.of(bad)
 
 
-def test_prompt_problem_id_is_stable_and_distinct():
-    assert prompt_problem_id([1, 2, 3]) == prompt_problem_id((1, 2, 3))
-    assert prompt_problem_id([1, 2, 3]) != prompt_problem_id([1, 2, 4])
-    assert prompt_problem_id([1, 2, 3]).startswith("prompt:")
+def test_default_problem_id_is_stable_and_distinct():
+    assert default_problem_id(None, [1, 2, 3]) == default_problem_id(None, (1, 2, 3))
+    assert default_problem_id(None, [1, 2, 3]) != default_problem_id(None, [1, 2, 4])
+    assert default_problem_id(None, [1, 2, 3]).startswith("prompt:")
 
 
 def test_server_args_parse_into_a_das_engine():

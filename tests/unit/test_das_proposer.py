@@ -210,7 +210,7 @@ def test_phase_cap_keeps_the_policy_budget_as_a_ceiling():
     assert len(drafts["b1"]) == 2 and drafts["b0"] == []          # fixed policy: 2b
 
 
-# ------------------------------------------------ async scheduling (patches/das_async.py)
+# ------------------------------------------------ async scheduling (patches/model_runner/das_async.py)
 
 class AsyncRunner:
     """What the proposer reads of vLLM's runner under async scheduling: the step's

@@ -89,12 +89,13 @@ def test_das_section_defaults_and_problem_id():
     assert c["das"] == {"problem_id": None, "policy": None, "budget": None, "min_prob": None,
                        "force": False}
     assert "group" not in c                       # DAS needs no group
-    from vllm_rl.das.config import default_problem_id, prompt_problem_id
+    from vllm_rl.das.config import default_problem_id
 
     named = {"group": {"id": "uid-7", "size": 4}, "das": {}}
     assert normalize(named)["das"]["problem_id"] is None   # set at submission:
-    assert default_problem_id(named, [1, 2]) == "uid-7"    # a group the caller named
-    assert default_problem_id({"das": {}}, [1, 2]) == prompt_problem_id([1, 2])
+    assert default_problem_id("uid-7", [1, 2]) == "uid-7"  # a group the caller named
+    assert default_problem_id(None, [1, 2]) == default_problem_id("", [1, 2])
+    assert default_problem_id(None, [1, 2]).startswith("prompt:")
     unnamed = normalize({"das": {}}, n=8, default_group_id="req-1")
     assert unnamed["das"]["problem_id"] is None
     for canonical in (normalize(named), unnamed):
@@ -201,3 +202,24 @@ def test_read_or_warn_logs_once_per_request_and_serves_without_flags(caplog):
     warned = [r for r in caplog.records if r.name == "test.read_or_warn"]
     assert len(warned) == 2 and "'arrol.kappa'" in warned[0].getMessage()
     assert "req-once" in warned[0].getMessage() and "req-other" in warned[1].getMessage()
+
+
+def test_every_flag_is_declared_once_and_documented():
+    """Each flag is one field of its section's dataclass (type, range, default, citation):
+    the reader's table is derived from it, and docs/flags.md's tables list every flag with
+    its declared default."""
+    from dataclasses import fields
+    from pathlib import Path
+
+    from vllm_rl import flags
+
+    for section, table in ((flags.DuetFlags, flags.DUET_FIELDS), (flags.DasFlags, flags.DAS_FIELDS),
+                           (flags.ArrolFlags, flags.ARROL_FIELDS)):
+        assert [f.name for f in fields(section)] == list(table)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "flags.md").read_text()
+    rows = {line.split("|")[1]: line for line in doc.splitlines() if line.startswith("| `")}
+    for name, allowed, default, _ in flags.schema():
+        row = next((r for k, r in rows.items() if f"`{name}`" in k), None)
+        assert row is not None, f"{name} is not in docs/flags.md"
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            assert f"{default:g}" in row, (name, default, row)

@@ -43,8 +43,8 @@ COMPILED = ("vllm_rl._C",)
 # entry that is the module or one of its packages ("vllm_rl" itself: the top-level
 # ``__init__.py`` only).  Order and membership follow docs/ARCHITECTURE.md, "Layers".
 LAYERS = (
-    ("core", ("vllm_rl", "vllm_rl.flags", "vllm_rl.outcome", "vllm_rl.checks",
-              "vllm_rl.coins", "vllm_rl.cost", "vllm_rl.lazy"), False),
+    ("core", ("vllm_rl", "vllm_rl.flags", "vllm_rl.outcome", "vllm_rl.step_output",
+              "vllm_rl.checks", "vllm_rl.coins", "vllm_rl.cost", "vllm_rl.lazy"), False),
     ("native", ("vllm_rl.kernels", "vllm_rl._C"), False),
     ("techniques", ("vllm_rl.darts", "vllm_rl.duet", "vllm_rl.das", "vllm_rl.arrol"), True),
     ("engine", ("vllm_rl.engine",), False),
@@ -417,3 +417,34 @@ def test_every_technique_folder_has_a_rule_or_drafter_and_a_controller_or_budget
         folder = ROOT / Path(*unit.split("."))
         names = {p.stem for p in folder.glob("*.py")}
         assert names & {"rule", "drafter"} and names & {"controller", "budget"}, unit
+
+
+def _listed(doc: str, tag: str) -> str:
+    start, end = doc.index(f"<!-- {tag}"), doc.index(f"<!-- /{tag} -->")
+    return doc[start:end]
+
+
+def test_architecture_lists_the_patches_and_overrides_the_code_has():
+    """docs/ARCHITECTURE.md's patch list is the registry's (each patch's class, module
+    and targets), and its scheduler override list is the classes' own."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    import vllm_rl.patches as patches
+
+    from vllm_rl.engine.scheduler import RLScheduler
+
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    listed = _listed(doc, "patches")
+    items = re.findall(r"^- `([\w/]+)\.py` `(\w+)`", listed, re.M)
+    found = patches.all_patches()
+    assert sorted(name for _, name in items) == sorted(p.name() for p in found)
+    for module, name in items:
+        patch = next(p for p in found if p.name() == name)
+        assert patch.__module__ == "vllm_rl.patches." + module.replace("/", "."), name
+        item = listed[listed.index(f"`{name}`"):].split("\n- ", 1)[0]
+        for target in patch.targets:
+            assert target.rsplit(".", 1)[-1] in item, (name, target)
+    own = {n for k in RLScheduler.__mro__ if k.__module__.startswith("vllm_rl")
+           for n, v in vars(k).items() if callable(v) and hasattr(AsyncScheduler, n)}
+    overrides = set(re.findall(r"`(\w+)`", _listed(doc, "overrides")))
+    assert overrides == own

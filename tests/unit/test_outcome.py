@@ -6,10 +6,16 @@ from vllm_rl.darts.rule import annotate_group
 from vllm_rl.outcome import Reason, RolloutInfo
 
 
-def test_record_round_trips_through_stop_reason():
+def test_record_round_trips_through_its_carrier_and_json():
+    import json
+
     info = RolloutInfo(Reason.DARTS_CANCELLED, length=17, weight=0.0, group_id="g", stop="###")
     wire = info.encode()
     assert wire.startswith("vllm_rl:") and RolloutInfo.decode(wire) == info
+    record = json.loads(json.dumps(info.to_json()))        # choices[i].rollout_info
+    assert record["reason"] == "darts_cancelled" and RolloutInfo.from_json(record) == info
+    choice = {"finish_reason": "stop", "stop_reason": "###", "rollout_info": record}
+    assert RolloutInfo.from_openai_choice(choice) == info
     assert RolloutInfo.decode(None) is None and RolloutInfo.decode("plain stop") is None
     assert RolloutInfo.decode(7) is None
 
@@ -67,7 +73,8 @@ def test_generate_takes_the_named_hidden_states_in_one_call():
     from vllm_rl.llm import attach_rollout_info
 
     def completion(info):
-        return SimpleNamespace(stop_reason=info.encode(), finish_reason="stop", token_ids=[1])
+        return SimpleNamespace(stop_reason=None, rollout_info=info, finish_reason="stop",
+                               token_ids=[1])
 
     outs = [SimpleNamespace(request_id=f"r{i}", outputs=[
         completion(RolloutInfo(Reason.EOS, length=5, score=0.1, hidden_id=f"{j}_r{i}"))

@@ -9,20 +9,27 @@ import pytest
 import vllm
 
 import vllm_rl.patches as patches
-from vllm_rl.patches import (PatchMismatch, arrol_capture, das_cpu_spec_expand, flags_admission,
-                              metrics_records, das_proposer_context)
+from vllm_rl.patches import (Patch, PatchConflict, PatchMismatch, applied, input_batch,
+                              input_processor)
+from vllm_rl.patches.engine_core import WeightSync
+from vllm_rl.patches.input_batch import CpuSeededChunks
+from vllm_rl.patches.input_processor import FlagsAdmission
+from vllm_rl.patches.model_runner.arrol_capture import ArrolCapture
+from vllm_rl.patches.model_runner.das_context import DasProposerContext
+from vllm_rl.patches.output_processor import RecordField
+from vllm_rl.patches.rejection_sampler import CpuSpecExpand
 
 
-@pytest.mark.parametrize("mod", patches.all_patches(), ids=lambda m: m.__name__)
-def test_installed_vllm_is_a_checked_version(mod):
-    assert vllm.__version__.split("+")[0] in mod.CHECKED, (
-        f"{mod.__name__} was checked on vLLM {mod.CHECKED}, installed is {vllm.__version__}: "
-        "re-check the patch against this version and add it to CHECKED")
-    mod.check()
+@pytest.mark.parametrize("patch", patches.all_patches(), ids=lambda p: p.name())
+def test_installed_vllm_is_a_checked_version(patch):
+    assert vllm.__version__.split("+")[0] in patch.checked, (
+        f"{patch.name()} was checked on vLLM {patch.checked}, installed is "
+        f"{vllm.__version__}: re-check the patch against this version and add it")
+    patch.check()
 
 
-@pytest.mark.parametrize("mod", patches.all_patches(), ids=lambda m: m.__name__)
-def test_check_reads_a_source_tree_as_well(mod):
+@pytest.mark.parametrize("patch", patches.all_patches(), ids=lambda p: p.name())
+def test_check_reads_a_source_tree_as_well(patch):
     """The same check on the installed vLLM's files, read without the live objects."""
     from pathlib import Path
 
@@ -30,7 +37,40 @@ def test_check_reads_a_source_tree_as_well(mod):
 
     tree = SourceTree(Path(vllm.__file__).resolve().parent.parent)
     assert tree.version == vllm.__version__
-    mod.check(tree)
+    patch.check(tree)
+
+
+def test_registry_refuses_two_patches_on_one_target_without_an_order(monkeypatch):
+    """Every target is patched once, or in a declared order; the order puts a patch
+    after those it names, and apply_all applies each once (remembered, not marked)."""
+    found = patches.all_patches()
+    names = [p.name() for p in found]
+    assert names.index("DasAsyncRunner") > names.index("ArrolCapture")
+    shared = "vllm.v1.worker.gpu_model_runner.GPUModelRunner.sample_tokens"
+
+    class Rogue(Patch):
+        targets = (shared,)
+
+    with pytest.raises(PatchConflict, match="both patch"):
+        patches._check_targets(found + [Rogue])
+
+    class Late(Patch):
+        targets = (shared,)
+        after = ("ArrolCapture", "DasAsyncRunner")
+
+    patches._check_targets(found + [Late])           # declared: accepted
+    assert patches._ordered(found + [Late])[-1] is Late
+
+
+def test_apply_twice_wraps_once():
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    patches.apply_all()
+    wrapped = InputProcessor.process_inputs
+    patches.apply_all()
+    FlagsAdmission.apply()
+    assert InputProcessor.process_inputs is wrapped and applied(FlagsAdmission)
+    assert all(applied(p) for p in patches.all_patches())
 
 
 def test_plugin_is_registered_and_applies_the_patches():
@@ -43,7 +83,7 @@ def test_plugin_is_registered_and_applies_the_patches():
     assert any(e.value == "vllm_rl.plugin:register"
                for e in entry_points(group="vllm.general_plugins"))
     register()
-    assert getattr(InputProcessor.process_inputs, "_vllm_rl_patched", False)
+    assert applied(FlagsAdmission) and InputProcessor.process_inputs.__wrapped__
 
 
 def test_check_fails_loudly_on_a_changed_target(monkeypatch):
@@ -54,11 +94,11 @@ def test_check_fails_loudly_on_a_changed_target(monkeypatch):
 
     monkeypatch.setattr(InputProcessor, "process_inputs", process_inputs)
     with pytest.raises(PatchMismatch, match="process_inputs"):
-        flags_admission.check()
+        FlagsAdmission.check()
 
 
 def test_patch_source_is_small():
-    lines = inspect.getsource(flags_admission.apply).splitlines()
+    lines = inspect.getsource(input_processor._apply).splitlines()
     assert len(lines) < 40
 
 
@@ -70,13 +110,13 @@ def test_proposer_context_check_fails_loudly_on_a_changed_target(monkeypatch):
 
     monkeypatch.setattr(GPUModelRunner, "propose_draft_token_ids", propose_draft_token_ids)
     with pytest.raises(PatchMismatch, match="propose_draft_token_ids"):
-        das_proposer_context.check()
+        DasProposerContext.check()
 
 
 def test_proposer_context_binds_the_step_before_vllms_body():
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    das_proposer_context.apply()
+    patches.apply_all()
     calls = []
 
     class Drafter:
@@ -97,8 +137,8 @@ def test_cpu_expand_patch_fixes_vllms_expansion_of_sampling_params():
     import torch
     from vllm.v1.sample import rejection_sampler as rs
 
-    das_cpu_spec_expand.apply()
-    assert getattr(rs.expand_batch_to_tokens, "_vllm_rl_patched", False)
+    patches.apply_all()
+    assert applied(CpuSpecExpand)
     cu = torch.tensor([3, 3, 5], dtype=torch.int32)
     temps = torch.tensor([0.5, 0.7, 0.0], dtype=torch.float32)
     got = rs.expand_batch_to_tokens(temps, cu, 5, replace_from=0, replace_to=1)
@@ -110,13 +150,13 @@ def test_cpu_expand_patch_fixes_vllms_expansion_of_sampling_params():
     current_platform.register_triton_kernel_overrides()   # what a CPU worker does
     stock = rs.expand_batch_to_tokens.__wrapped__(temps, cu, 5, 0, 1)
     assert stock.tolist() != got.tolist(), (
-        "vLLM's own CPU expansion is right now: drop patches/das_cpu_spec_expand.py")
+        "vLLM's own CPU expansion is right now: drop patches/rejection_sampler.py")
 
 
 def test_arrol_capture_check_fails_loudly_on_a_changed_target(monkeypatch):
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    arrol_capture.check()
+    ArrolCapture.check()
     original = GPUModelRunner.sample_tokens
 
     def sample_tokens(self, grammar_output):     # a vLLM that no longer clears the state
@@ -124,7 +164,7 @@ def test_arrol_capture_check_fails_loudly_on_a_changed_target(monkeypatch):
 
     monkeypatch.setattr(GPUModelRunner, "sample_tokens", sample_tokens)
     with pytest.raises(PatchMismatch, match="execute_model_state"):
-        arrol_capture.check()
+        ArrolCapture.check()
 
 
 def test_arrol_engine_refuses_model_runner_v2():
@@ -139,18 +179,18 @@ def test_arrol_engine_refuses_model_runner_v2():
     check_runner(SimpleNamespace(additional_config={CONFIG_KEY: {}}, use_v2_model_runner=False))
 
 
-def test_output_metrics_check_fails_loudly_on_a_changed_target(monkeypatch):
+def test_record_field_check_fails_loudly_on_a_changed_target(monkeypatch):
     from vllm.v1.engine.output_processor import OutputProcessor, RequestState
 
-    metrics_records.check()
-    original = RequestState.make_request_output
+    RecordField.check()
+    original = RequestState._new_completion_output
 
-    def make_request_output(self, new_token_ids, pooling_output, stop_reason, finish_reason):
-        return original(self, new_token_ids, pooling_output, finish_reason, stop_reason)
+    def _new_completion_output(self, token_ids, stop_reason, finish_reason):   # reordered
+        return original(self, token_ids, finish_reason, stop_reason)
 
-    monkeypatch.setattr(RequestState, "make_request_output", make_request_output)
-    with pytest.raises(PatchMismatch, match="make_request_output"):
-        metrics_records.check()
+    monkeypatch.setattr(RequestState, "_new_completion_output", _new_completion_output)
+    with pytest.raises(PatchMismatch, match="_new_completion_output"):
+        RecordField.check()
     monkeypatch.undo()
 
     def add_request(self, prompt, request):         # arguments reordered
@@ -158,32 +198,47 @@ def test_output_metrics_check_fails_loudly_on_a_changed_target(monkeypatch):
 
     monkeypatch.setattr(OutputProcessor, "add_request", add_request)
     with pytest.raises(PatchMismatch, match="add_request"):
-        metrics_records.check()
+        RecordField.check()
 
 
-def test_output_metrics_counts_a_finished_output_before_vllms_body():
-    """The wrapper counts a finished output with a record, skips unfinished ones, and
-    then runs vLLM's own body; applying twice wraps once."""
+def _state(tokens, max_tokens=50):
+    """The parts of vLLM's ``RequestState`` its ``_new_completion_output`` reads."""
     from types import SimpleNamespace
 
+    from vllm.sampling_params import RequestOutputKind
+
+    detok = SimpleNamespace(output_token_ids=tokens, num_output_tokens=lambda: len(tokens),
+                            get_next_output_text=lambda finished, delta: "text")
+    return SimpleNamespace(
+        detokenizer=detok, output_kind=RequestOutputKind.FINAL_ONLY, request_index=0,
+        logprobs_processor=SimpleNamespace(logprobs=None, cumulative_logprob=None),
+        sampling_mask_chunks=[], routed_experts_chunks=[], spec_decode_metrics=None,
+        _weight_version_spans=lambda: None, max_tokens_param=max_tokens)
+
+
+def test_record_leaves_stop_reason_for_its_own_field_and_is_counted():
+    """The carrier is taken out: the completion has vLLM's stop_reason (the record's
+    ``stop``) and the record as ``rollout_info``; the sample is counted once; an
+    unfinished output and an output without a record are vLLM's own."""
     from vllm.v1.engine import FinishReason
     from vllm.v1.engine.output_processor import RequestState
 
     from vllm_rl import Reason, RolloutInfo
     from vllm_rl.metrics import snapshot
 
-    metrics_records.apply()
-    wrapped = RequestState.make_request_output
-    metrics_records.apply()
-    assert RequestState.make_request_output is wrapped and wrapped._vllm_rl_patched
-    record = RolloutInfo(Reason.DUET_TRIMMED, 20, 1.0).encode()
+    patches.apply_all()
+    record = RolloutInfo(Reason.DUET_TRIMMED, 20, 1.0, stop="</answer>")
     key = 'vllm_rl:samples_ended_total{reason="duet_trimmed"}'
     saved = 'vllm_rl:tokens_saved_estimated_total{reason="duet_trimmed"}'
     before = snapshot()
-    for finish in (None, FinishReason.ABORT):
-        state = SimpleNamespace(max_tokens_param=50, detokenizer=None)
-        with pytest.raises(AttributeError):         # vLLM's body ran on the fake state
-            RequestState.make_request_output(state, [], None, finish, record)
+    new = RequestState._new_completion_output
+    out = new(_state([1] * 20), [], FinishReason.STOP, record.encode())
+    assert out.stop_reason == "</answer>" and out.rollout_info == record
+    assert out.finish_reason == "stop"
+    running = new(_state([1] * 5), [], None, None)
+    assert running.stop_reason is None and not hasattr(running, "rollout_info")
+    stock = new(_state([1] * 3), [], FinishReason.STOP, 7)
+    assert stock.stop_reason == 7 and not hasattr(stock, "rollout_info")
     after = snapshot()
     assert after[key] - before[key] == 1 and after[saved] - before[saved] == 30
 
@@ -192,16 +247,14 @@ def test_weight_sync_check_fails_loudly_on_a_changed_target(monkeypatch):
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
 
-    from vllm_rl.patches import weight_sync
-
-    weight_sync.check()
+    WeightSync.check()
 
     def reset_prefix_cache(self, reset_connector=False):     # no reset_running_requests
         return True
 
     monkeypatch.setattr(Scheduler, "reset_prefix_cache", reset_prefix_cache)
     with pytest.raises(PatchMismatch, match="reset_prefix_cache"):
-        weight_sync.check()
+        WeightSync.check()
     monkeypatch.undo()
 
     def set_weight_version(self):                            # no label taken
@@ -209,32 +262,51 @@ def test_weight_sync_check_fails_loudly_on_a_changed_target(monkeypatch):
 
     monkeypatch.setattr(EngineCore, "set_weight_version", set_weight_version)
     with pytest.raises(PatchMismatch, match="set_weight_version"):
-        weight_sync.check()
+        WeightSync.check()
 
 
 def test_cpu_seeded_chunks_check_fails_loudly_on_a_changed_target(monkeypatch):
     from vllm.v1.worker.gpu_input_batch import InputBatch
 
-    from vllm_rl.patches import cpu_seeded_chunks
-
-    cpu_seeded_chunks.check()
+    CpuSeededChunks.check()
 
     def add_request(self, request):                          # keeps no generator
         return 0
 
     monkeypatch.setattr(InputBatch, "add_request", add_request)
     with pytest.raises(PatchMismatch, match="generator"):
-        cpu_seeded_chunks.check()
+        CpuSeededChunks.check()
 
 
 def test_cpu_seeded_chunks_generator_keeps_the_stream_and_ignores_offsets():
     import torch
 
-    from vllm_rl.patches import cpu_seeded_chunks
-
-    cpu = cpu_seeded_chunks._cpu_generator_class()
+    cpu = input_batch._cpu_generator_class()
     plain, wrapped = torch.Generator(), cpu()
     plain.manual_seed(7)
     wrapped.set_state(plain.get_state())
     wrapped.set_offset(wrapped.get_offset() - 4)              # vLLM's rewind: a no-op
     assert torch.equal(torch.rand(4, generator=plain), torch.rand(4, generator=wrapped))
+
+
+def test_a_record_survives_vllms_merge_of_streamed_outputs():
+    """AsyncLLM merges outputs a slow consumer has not read (``RequestOutput.add``); the
+    final output's record is carried into the merged completion."""
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    from vllm_rl import Reason, RolloutInfo
+
+    patches.apply_all()
+
+    def output(text, finish=None, info=None):
+        c = CompletionOutput(index=0, text=text, token_ids=[1], cumulative_logprob=None,
+                             logprobs=None, finish_reason=finish, stop_reason=None)
+        if info is not None:
+            c.rollout_info = info
+        return RequestOutput(request_id="r", prompt=None, prompt_token_ids=[1],
+                             prompt_logprobs=None, outputs=[c], finished=finish is not None)
+
+    record = RolloutInfo(Reason.DARTS_CANCELLED, 2, 0.0)
+    merged = output("a")
+    merged.add(output("b", "abort", record), aggregate=True)
+    assert merged.outputs[0].text == "ab" and merged.outputs[0].rollout_info == record

@@ -10,6 +10,7 @@ import pytest
 
 from vllm_rl.cost import Projection, StepCost, host_counted, project
 from vllm_rl.cost.host import WORKER, WorkerHostTime
+from vllm_rl.step_output import StepOutput
 
 
 class PerSeq(StepCost):
@@ -273,7 +274,7 @@ def test_no_trace_no_wrapping():
 
 def test_trace_records_the_widths_the_worker_ran_under_async_drafts():
     """Async speculative decoding: the scheduler sends placeholder drafts, the worker
-    verifies only the real ones and says how many (``vllm_rl_drafts``); the trace keeps
+    verifies only the real ones and says how many (``StepOutput.drafts``); the trace keeps
     the widths the forward pass computed."""
     from vllm_rl.engine.trace import TraceMixin
 
@@ -301,7 +302,7 @@ def test_trace_records_the_widths_the_worker_ran_under_async_drafts():
 
     s = Traced()
     out = s.schedule()
-    s.update_from_output(out, SimpleNamespace(vllm_rl_drafts={"a": 3, "b": 0}))
+    s.update_from_output(out, SimpleNamespace(vllm_rl=StepOutput(drafts={"a": 3, "b": 0})))
     widths, _ = next(s.rl_trace.steps())
     assert list(widths) == [4, 1, 1]
     out = s.schedule()                     # an output without counts: widths as scheduled

@@ -187,10 +187,10 @@ def _surfaces():
 
 
 @pytest.mark.parametrize("surface", ["vllm_rl.LLM", "RLStateRPC", "RLWorkerExtension"])
-def test_the_written_out_methods_agree_with_the_table(surface):
-    """Every way to call the RL state is a written-out class whose das_* / arrol_*
-    methods are exactly the table's: same names, same parameters in the same order,
-    same defaults, each with a docstring (they cannot drift from METHODS)."""
+def test_every_surface_has_the_tables_methods(surface):
+    """Every way to call the RL state has exactly the table's das_* / arrol_* methods:
+    the worker's signature (same parameters in the same order, same defaults) and, on
+    the front ends, generated from the table with its docstring (nothing to drift)."""
     cls = _surfaces()[surface]
     assert _rpc_names(cls) == set(BY_NAME), surface
     for m in METHODS:
@@ -198,6 +198,8 @@ def test_the_written_out_methods_agree_with_the_table(surface):
         expected = [(p, m.defaults.get(p, REQUIRED)) for p in m.params]
         assert _signature(fn) == expected, (surface, m.name)
         assert (fn.__doc__ or "").strip(), (surface, m.name)
+        if surface != "RLWorkerExtension":
+            assert fn.__doc__ == m.doc and fn.__qualname__.endswith(m.name), (surface, m.name)
         assert inspect.iscoroutinefunction(fn) == (surface == "RLStateRPC"), (surface, m.name)
 
 

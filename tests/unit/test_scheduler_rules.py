@@ -23,6 +23,7 @@ from vllm_rl.bench.overhead_sched import standalone_scheduler
 from vllm_rl.engine.scheduler import RLSyncScheduler
 from vllm_rl.flags import KEY, read
 from vllm_rl.outcome import Reason, RolloutInfo
+from vllm_rl.step_output import attach
 
 EOS = 0          # the embedded model's eos_token_id
 TOK = 7          # any other token
@@ -41,7 +42,7 @@ def sched() -> RLSyncScheduler:
 def request(rid: str, flags: dict | None = None, max_tokens: int = 64, seed: int | None = 1,
             extra_args: dict | None = None) -> Request:
     """A request as the front end hands it to the engine core: canonical flags
-    (``patches/flags_admission.py``), the model's EOS."""
+    (``patches/input_processor.py``), the model's EOS."""
     if flags is not None:
         extra_args = {KEY: read(flags, n=1, default_group_id=rid).canonical()}
     params = SamplingParams(max_tokens=max_tokens, seed=seed, extra_args=extra_args)
@@ -58,7 +59,7 @@ def step(sched, tokens: dict[str, list[int]] | None = None, arrol: dict | None =
     out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                             sampled_token_ids=[list((tokens or {}).get(r, [TOK])) for r in ids])
     if arrol:
-        out.vllm_rl_arrol = arrol        # as patches/arrol_capture.py attaches them
+        attach(out).verdicts.update(arrol)     # as the ARRoL scorer does
     return {o.request_id: o for eco in sched.update_from_output(so, out).values()
             for o in eco.outputs if o.finish_reason is not None}
 
@@ -164,6 +165,27 @@ def test_darts_shorter_late_finisher_takes_the_slot(sched):
     assert info(out["c"]).reason is Reason.EOS and info(out["c"]).finish_rank == 2
     assert info(out["b"]).reason is Reason.DARTS_CANCELLED   # b (5) > 3: stop now
     assert not sched.requests
+
+
+def test_a_reused_group_id_never_merges_two_live_groups(sched):
+    """A group holds M' arrivals: the same id sent again while the first group is live
+    (a dataset index reused at the next step) begins a second group, and each stops on
+    its own M shortest with its own records."""
+    first, second = darts_group("7", 1, 2), darts_group("7", 1, 2)
+    for rid in ("a1", "a2"):
+        sched.add_request(request(rid, first))
+    step(sched)
+    for rid in ("b1", "b2"):                           # the id again, first group live
+        sched.add_request(request(rid, second))
+    assert len({id(sched.rl_members[r].group) for r in ("a1", "b1")}) == 2
+    out = step(sched, {"a1": [EOS]})                   # the first group's M = 1 valid
+    assert info(out["a1"]).reason is Reason.EOS         # length 2, and a2 (2 tokens)
+    assert info(out["a2"]).reason is Reason.DARTS_CANCELLED   # can be no shorter
+    assert n_out(sched, "b1") == 1 and n_out(sched, "b2") == 1   # the second: untouched
+    out = step(sched, {"b2": [EOS]})
+    assert info(out["b2"]).reason is Reason.EOS and info(out["b1"]).reason is \
+        Reason.DARTS_CANCELLED
+    assert info(out["b2"]).finish_rank == 1
 
 
 # ---------------------------------------------------------------- DUET gate
@@ -325,11 +347,11 @@ def test_arrol_never_prunes_a_darts_group_below_m(sched):
     # a's prune leaves b, c (2 = M); b's would then leave only c: overruled.
     out = step(sched, arrol={"a": _verdict(True), "b": _verdict(True)})
     assert info(out["a"]).reason is Reason.ARROL_PRUNED
-    assert "b" not in out and sched.rl_members["b"].arrol_floor
+    assert "b" not in out and sched.rl_members["b"].arrol.floor
     assert sched.rl_stats["arrol_floor"] == 1
     # c is scored at the floor: kept whatever its coin said, so no coin decided it
     step(sched, arrol={"c": _verdict(False)})
-    assert sched.rl_members["c"].arrol_floor and sched.rl_stats["arrol_floor"] == 1
+    assert sched.rl_members["c"].arrol.floor and sched.rl_stats["arrol_floor"] == 1
     out = step(sched, {"b": [EOS], "c": [EOS]})
     rec = info(out["b"])
     assert rec.reason is Reason.EOS and rec.floor is True and rec.pruned is False
@@ -363,6 +385,20 @@ def test_weight_sync_preempts_and_records_versions(sched):
     ra, rb = info(out["a"]), info(out["b"])
     assert ra.weight_version == 0 and ra.weight_versions == [[0, 0], [1, 3]]
     assert rb.weight_version == 1 and rb.weight_versions is None
+
+
+@pytest.mark.parametrize("kv_ok", [True, False])
+def test_a_failed_reset_with_nothing_running_answers_as_vllm(sched, monkeypatch, kv_ok):
+    """vLLM's contract (its ``test_aux_output_reset_follows_kv_reset_result``): with no
+    request running, a reset whose KV cache manager fails returns False, raises nothing,
+    and leaves the aux-output connector alone; the sync is still counted."""
+    calls = []
+    monkeypatch.setattr(sched.kv_cache_manager, "reset_prefix_cache", lambda: kv_ok)
+    monkeypatch.setattr(sched, "aux_output_connector",
+                        type("Aux", (), {"reset": lambda self: calls.append(1)})())
+    assert sched.reset_prefix_cache() is kv_ok
+    assert calls == ([1] if kv_ok else [])
+    assert sched.rl_weight_version == 1 and sched.rl_last_sync["prefix_cache_reset"] is kv_ok
 
 
 # ---------------------------------------------------------------- no flags

@@ -69,7 +69,7 @@ class ArrolConfig:
 
 def use_v1_runner() -> None:
     """Select vLLM's V1 model runner for engines started from now on in this process
-    (and the processes it spawns): the runner ``patches/arrol_capture.py`` patches."""
+    (and the processes it spawns): the runner ``patches/model_runner/arrol_capture.py`` patches."""
     os.environ[RUNNER_ENV] = "0"
 
 
@@ -94,7 +94,7 @@ def check_runner(vllm_config: Any) -> None:
         return
     if getattr(vllm_config, "use_v2_model_runner", False):
         raise RuntimeError(
-            "ARRoL needs vLLM's V1 model runner (patches/arrol_capture.py patches "
+            "ARRoL needs vLLM's V1 model runner (patches/model_runner/arrol_capture.py patches "
             "GPUModelRunner.sample_tokens), but this engine runs Model Runner V2; start it "
             f"with {RUNNER_ENV}=0 (vllm_rl.LLM(arrol=...) and vllm_rl.serve set it)")
 

@@ -3,7 +3,7 @@
 A sample scored at ``l_detect`` with ``return_hidden`` leaves its final-norm hidden
 state here, keyed by its engine request id; its record carries only that key
 (``RolloutInfo.hidden_id``), so records stay compact and no hidden state travels as
-text through ``stop_reason``.  The client takes the vectors after the samples are back
+text in a record.  The client takes the vectors after the samples are back
 (``arrol_hidden`` RPC: ``vllm_rl.LLM`` does it for you).  The store is bounded: past
 ``capacity`` vectors the oldest leave first, so a client that never asks costs memory
 bounded by ``capacity * d * 4`` bytes.

@@ -213,8 +213,8 @@ def prune_coin(seed: int | None, prompt_token_ids, request_id: str) -> float:
 
 class ArrolVerdict(NamedTuple):
     """A scored sample's verdict as it travels from the worker to the scheduler
-    (``ModelRunnerOutput.vllm_rl_arrol[request_id]``; pickled with the output across
-    vLLM's multiprocess executor): the head's score s' (Alg. 1 l.18), the posterior q
+    (``StepOutput.verdicts[request_id]``, :mod:`vllm_rl.step_output`; pickled with the
+    output across vLLM's multiprocess executor): the head's score s' (Alg. 1 l.18), the posterior q
     (App. A.4, Eq. 1 and Bayes) and the survival p (Eq. 2), both None in the cold start,
     whether its coin pruned it (l.19), the head version, whether its hidden state is kept
     on the worker, and its trace features.  Compact: no vector travels in it."""

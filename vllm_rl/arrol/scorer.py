@@ -43,15 +43,17 @@ itself has waited for the device in that step:
   the verdicts are decided in :meth:`HeadScorer.finish`;
 * async scheduling: ``AsyncGPUModelRunnerOutput.get_output`` waits on its copy event,
   recorded on a stream that first waited for the compute stream, so after our copies:
-  the scorer wraps the output's ``get_output`` and decides there, on the
-  ``ModelRunnerOutput`` it returns.
+  the scorer defers its decision to that wait (:meth:`vllm_rl.step_output.StepOutput.defer`,
+  run by the ``get_output`` patch) and decides there, on the ``ModelRunnerOutput`` it
+  returns.
 
 The step's own event (:meth:`Transfer.ready`) is waited on at that point too; it has
 completed already, and would only block if a future vLLM stopped synchronising there.
 
-Where the verdicts go: ``ModelRunnerOutput.vllm_rl_arrol`` ``{request id: verdict
-tuple}``, read by the scheduler in the same step (:mod:`vllm_rl.engine.scheduler`).
-The output object crosses vLLM's multiprocess executor by pickling, attribute included.
+Where the verdicts go: the step's :class:`vllm_rl.step_output.StepOutput` (``verdicts``,
+``{request id: ArrolVerdict}``), read by the scheduler in the same step
+(:mod:`vllm_rl.engine.scheduler`).  It crosses vLLM's multiprocess executor pickled
+with the output.
 A hidden state (``return_hidden``) does not travel with it: it stays in the scorer's
 :class:`~vllm_rl.arrol.hidden.HiddenStore` under the request id, the verdict says so
 (``hidden=True``), and the client takes it with the ``arrol_hidden`` RPC
@@ -75,8 +77,9 @@ from vllm_rl.arrol.config import ArrolConfig
 from vllm_rl.arrol.hidden import HiddenStore
 from vllm_rl.cost.host import WORKER as HOST     # the scorer's host time, for the trace
 from vllm_rl.flags import KEY, ArrolFlags, read_or_warn
+from vllm_rl.step_output import attach
 
-OUTPUT_ATTR = "vllm_rl_arrol"
+RUNNER_ATTR = "vllm_rl_scorer"   # GPUModelRunner: its HeadScorer, or None off ARRoL
 SLOTS = 256                  # the trace accumulator's first capacity (it doubles)
 FLAG_CACHE = 4096            # parsed flags kept by the identity of their extra_args
 logger = logging.getLogger(__name__)
@@ -219,11 +222,12 @@ def _calibration(value: Any) -> rule.Calibration | None:
 def scorer_of(runner) -> "HeadScorer | None":
     """The runner's scorer, made on first use on an ARRoL engine (its additional_config
     names the head); None, remembered, on any other engine."""
-    if "vllm_rl_arrol" not in runner.__dict__:
+    scorers = runner.__dict__
+    if RUNNER_ATTR not in scorers:
         cfg = ArrolConfig.from_vllm_config(runner.vllm_config)
-        runner.vllm_rl_arrol = None if cfg is None else HeadScorer(
+        scorers[RUNNER_ATTR] = None if cfg is None else HeadScorer(
             cfg, runner.model_config.get_hidden_size(), runner.device)
-    return runner.vllm_rl_arrol
+    return scorers[RUNNER_ATTR]
 
 
 def read_flags(owner: Any, rid: str) -> tuple[ArrolFlags, float] | None:
@@ -431,27 +435,32 @@ class HeadScorer:
         if not sts:
             return None
         batch = runner.input_batch
-        I, S = np.array(idx), np.array(slots)
-        lim, have = self._limit[S], self._n[S]
+        # per tracked sample: its row in the batch, its trace slot, its l_detect, the
+        # tokens already in its trace, and where P = n + l_detect - 1 falls in this
+        # step's query (``at``; scored this step iff 0 <= at < its query length)
+        batch_row, slot_ids = np.array(idx), np.array(slots)
+        l_detect, traced = self._limit[slot_ids], self._n[slot_ids]
         qsl = runner.query_start_loc.np
-        start = qsl[I]
-        n_sched = qsl[I + 1] - start                   # this step's query of each sample
-        off = batch.num_prompt_tokens[I] + lim - 1 - batch.num_computed_tokens_cpu[I]
-        found = np.flatnonzero((off >= 0) & (off < n_sched))
+        start = qsl[batch_row]
+        n_sched = qsl[batch_row + 1] - start           # this step's query of each sample
+        at = (batch.num_prompt_tokens[batch_row] + l_detect - 1
+              - batch.num_computed_tokens_cpu[batch_row])
+        found = np.flatnonzero((at >= 0) & (at < n_sched))
         meta = state.spec_decode_metadata
         logits = state.logits
         plan = Plan(self.head)
         if logits is not None:
-            t = np.flatnonzero(have < lim)
+            t = np.flatnonzero(traced < l_detect)
             if meta is None:                           # one logits row per sample
-                first, count = I[t], np.ones(len(t), dtype=np.int64)
+                first, count = batch_row[t], np.ones(len(t), dtype=np.int64)
             else:                                      # 1 + its drafts
                 nd = np.asarray(meta.num_draft_tokens, dtype=np.int64)
                 rows0 = np.cumsum(nd + 1) - (nd + 1)
-                first = rows0[I[t]]
-                count = np.minimum(nd[I[t]] + 1, (lim - have)[t])
+                first = rows0[batch_row[t]]
+                count = np.minimum(nd[batch_row[t]] + 1, (l_detect - traced)[t])
             k = np.cumsum(count) - count
-            plan.t_slot, plan.t_index, plan.t_k, plan.t_count = S[t], I[t], k, count
+            plan.t_slot, plan.t_index = slot_ids[t], batch_row[t]
+            plan.t_k, plan.t_count = k, count
             lrows = np.repeat(first - k, count) + np.arange(int(count.sum()))
             tracked_k = np.full(len(sts), -1, dtype=np.int64)
             tracked_k[t] = k
@@ -459,36 +468,39 @@ class HeadScorer:
             lrows = _EMPTY
         if not len(found) and not plan.tracked:
             return None
-        # the scored rows: their place, slot, trace count; the drafts before them
+        # the scored samples: their hidden/logits row, trace slot and trace count, the
+        # hidden rows to keep; this step's accepted-draft tokens before each scored row
+        # (draft_of: which scored sample, draft_row: its tracked logits row, draft_tok)
         spec = so.scheduled_spec_decode_tokens or {}
-        crow = (start + off)[found]
-        cslot = S[found]
-        cn = have[found].copy()
-        hrow, xc, xk, xt = [], [], [], []
+        scored_row = (start + at)[found]
+        scored_slot = slot_ids[found]
+        scored_count = traced[found].copy()
+        hidden_rows, draft_of, draft_row, draft_tok = [], [], [], []
         for j, c in enumerate(found.tolist()):
             st = sts[c]
             needs = 0
             drafts = spec.get(st.rid) if spec else None
             if drafts:
-                needs = max(0, int(off[c]) - (int(n_sched[c]) - len(drafts)) + 1)
+                needs = max(0, int(at[c]) - (int(n_sched[c]) - len(drafts)) + 1)
             hidden = -1
             if st.flags.return_hidden:
-                hidden = len(hrow)
-                hrow.append(int(crow[j]))
+                hidden = len(hidden_rows)
+                hidden_rows.append(int(scored_row[j]))
             plan.rows.append(_Cand(st.rid, st.owner, st.flags, st.share, needs, hidden))
             if needs and logits is not None and tracked_k[c] >= 0:
                 extra = min(needs, int(plan.t_count[np.searchsorted(plan.t_k, tracked_k[c])]))
                 k0 = int(tracked_k[c])
-                xc.extend([j] * extra)
-                xk.extend(range(k0, k0 + extra))
-                xt.extend(max(0, int(tok)) for tok in drafts[:extra])
-                cn[j] += extra
+                draft_of.extend([j] * extra)
+                draft_row.extend(range(k0, k0 + extra))
+                draft_tok.extend(max(0, int(tok)) for tok in drafts[:extra])
+                scored_count[j] += extra
             if not needs:            # a real token: scored now, whatever sampling brings
                 del reqs[st.rid]
                 self._release(st)    # (its tracked rows, if any, add to a free slot)
         resets, self._reset = self._reset, []
-        (reset_d, lrows_d, crow_d, cslot_d, cn_d, hrow_d, xc_d, xk_d,
-         xt_d) = self.xfer.up(resets, lrows, crow, cslot, cn, hrow, xc, xk, xt)
+        up = self.xfer.up(resets, lrows, scored_row, scored_slot, scored_count, hidden_rows,
+                          draft_of, draft_row, draft_tok)
+        reset_d, lrows_d, *scored_d = up
         acc = self._acc
         if resets:
             acc.index_fill_(1, reset_d, 0.0)
@@ -502,37 +514,40 @@ class HeadScorer:
             plan.src = logits.index_select(0, lrows_d)
             plan.lse, plan.ent = logsumexp_entropy(plan.src)
         if len(found):
-            self._score(plan, state, crow_d, cslot_d, cn_d, hrow_d, xc_d, xk_d, xt_d)
+            self._score(plan, state, *scored_d)
         return plan
 
     def _token_logprob(self, plan: Plan, k: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
         """log p(tok) = z_tok − lse of tracked rows ``k`` (raw logits, before temperature)."""
         return plan.src[k, tok].float() - plan.lse.index_select(0, k)
 
-    def _score(self, plan: Plan, state, crow, cslot, cn, hrow, xc, xk, xt) -> None:
+    def _score(self, plan: Plan, state, scored_row, scored_slot, scored_count, hidden_rows,
+               draft_of, draft_row, draft_tok) -> None:
         """Score the rows in one call (with each one's trace features: the tokens before
         this step, plus this step's drafts up to the scored one); the score and features
         ([R, 4]) and the hidden rows asked for start to the host without blocking."""
         head = plan.head
-        s, m, e = self._acc.index_select(1, cslot).unbind(0)
-        if xc.numel():
-            lp = self._token_logprob(plan, xk, xt)
-            s = s.index_add(0, xc, lp)
-            e = e.index_add(0, xc, plan.ent.index_select(0, xk))
-            m = m.scatter_reduce(0, xc, lp, "amin")
-        n = cn.float()
+        # the trace accumulators: Σ log p, min log p, Σ entropy of the tokens so far
+        logp_sum, logp_min, ent_sum = self._acc.index_select(1, scored_slot).unbind(0)
+        if draft_of.numel():
+            lp = self._token_logprob(plan, draft_row, draft_tok)
+            logp_sum = logp_sum.index_add(0, draft_of, lp)
+            ent_sum = ent_sum.index_add(0, draft_of, plan.ent.index_select(0, draft_row))
+            logp_min = logp_min.scatter_reduce(0, draft_of, lp, "amin")
+        n = scored_count.float()
         mean = 1.0 / n.clamp_min(1.0)
-        feats = torch.stack((s * mean, m, e * mean), 1).masked_fill((n == 0).unsqueeze(1), 0.0)
+        feats = torch.stack((logp_sum * mean, logp_min, ent_sum * mean), 1) \
+            .masked_fill((n == 0).unsqueeze(1), 0.0)
         from vllm_rl.kernels import score_rows
 
         b1 = head.b1
         if head.w1f is not None:
             b1 = head.b1 + feats @ head.w1f.t()          # [R, D]: W1f f folded into b1
-        scores = score_rows(state.hidden_states, crow, head.w1, b1, head.w2, head.b2,
+        scores = score_rows(state.hidden_states, scored_row, head.w1, b1, head.w2, head.b2,
                             head.activation)
         plan.values = self.xfer.down(torch.cat((scores.unsqueeze(1), feats), 1))
-        if hrow.numel():
-            plan.hidden = self.xfer.down(state.hidden_states.index_select(0, hrow))
+        if hidden_rows.numel():
+            plan.hidden = self.xfer.down(state.hidden_states.index_select(0, hidden_rows))
         plan.ready = self.xfer.ready()
 
     def finish(self, plan: Plan, out) -> None:
@@ -624,18 +639,14 @@ class HeadScorer:
     def _defer(self, plan: Plan, out) -> None:
         """Async output: decide in its ``get_output``, after it has waited for its copy
         event (recorded after this step's copies)."""
-        get = out.get_output
-
-        def get_output():
-            mro = get()
+        def decide(mro) -> None:
             t0 = perf_counter_ns()
             try:
                 self._decide(plan, mro)
             finally:
                 HOST.scorer_ns += perf_counter_ns() - t0
-            return mro
 
-        out.get_output = get_output
+        attach(out).defer(decide)
 
     def _decide(self, plan: Plan, mro) -> None:
         """After vLLM's sync point: keep the rows whose token is the sample's own, decide
@@ -669,4 +680,4 @@ class HeadScorer:
                                                 kept, tuple(trace),
                                                 cal.auc if cal is not None else None)
         if verdicts:
-            setattr(mro, OUTPUT_ATTR, verdicts)
+            attach(mro).verdicts.update(verdicts)

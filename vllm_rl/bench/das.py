@@ -42,7 +42,7 @@ ones most (they add a round trip per step to fetch the drafts).  Either way ever
 configuration runs the same way.
 
 Note: vLLM 0.32.0's CPU backend samples speculative steps with ``temperature > 0`` from
-uninitialised temperatures; ``patches/das_cpu_spec_expand.py`` (applied by the vllm_rl plugin
+uninitialised temperatures; ``patches/rejection_sampler.py`` (applied by the vllm_rl plugin
 in every vLLM process here, stock engines included) fixes it, so every speculative
 baseline here samples correctly.
 """

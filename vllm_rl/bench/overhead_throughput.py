@@ -78,9 +78,10 @@ def _worker(role: str, engine: str, conn, args: dict) -> None:
         if ":" in scheduler:
             common["scheduler_cls"] = scheduler.split(":", 1)[1]
         llm = LLM(MODEL_PATH, **common)
-    from vllm.v1.engine.input_processor import InputProcessor
+    from vllm_rl.patches import applied
+    from vllm_rl.patches.input_processor import FlagsAdmission
 
-    patched = bool(getattr(InputProcessor.process_inputs, "_vllm_rl_patched", False))
+    patched = applied(FlagsAdmission)
     sched_cls = llm.llm_engine.vllm_config.scheduler_config.get_scheduler_cls()
     sched = f"{sched_cls.__module__}.{sched_cls.__qualname__}"
     prompts = heldout_prompts(args["prompts"])

@@ -164,6 +164,7 @@ class Sample:
     text: str = ""
     finish_reason: str | None = None
     stop_reason: object = None
+    rollout_info: dict | None = None      # the record on the choice's final chunk
     error: str | None = None
 
 
@@ -208,6 +209,7 @@ async def send(session, url: str, model: str, req: Req, args, t0: float) -> list
                     if c.get("finish_reason") is not None:
                         s.finish_reason, s.stop_reason, s.end = (
                             c["finish_reason"], c.get("stop_reason"), now)
+                        s.rollout_info = c.get("rollout_info")
     except Exception as e:          # connection dropped, timeout: recorded, never fatal
         for s in samples.values():
             s.error = f"{type(e).__name__}: {e}"
@@ -281,6 +283,7 @@ def metrics(samples: list[Sample], makespan: float, n_requests: int, args,
     ok = [s for s in samples if s.error is None]
     infos = [RolloutInfo.from_openai_choice({"stop_reason": s.stop_reason,
                                              "finish_reason": s.finish_reason,
+                                             "rollout_info": s.rollout_info,
                                              "token_ids": s.token_ids}) for s in ok]
     if "darts" in techniques:      # the training-group marks, as vllm_rl.LLM adds them
         infos = _annotate_darts(infos, ok, args)

@@ -70,6 +70,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from vllm_rl.bench.logs import provenance
 from vllm_rl.bench.matrix import CONFIGS, is_config, parse, technique_flags
 
 COLORS = {"stock": "black", "darts": "tab:blue", "duet": "tab:orange", "das": "tab:green",
@@ -792,7 +793,7 @@ def main(argv: list[str] | None = None) -> None:
         p.join()
     bar.close()
     summary = summarize(runs)
-    doc = {"args": vars(args), "summary": summary, "runs": runs,
+    doc = {"args": vars(args), "provenance": provenance(), "summary": summary, "runs": runs,
            "wall_s": time.perf_counter() - t0, "errors": [e[:2] for e in errors]}
     (out / "train.json").write_text(json.dumps(doc, indent=1))
     if summary:

@@ -117,16 +117,17 @@ def run(src) -> list[Row]:
     from vllm_rl.patches import all_patches
 
     rows = []
-    for mod in all_patches():
-        name = "patch " + mod.__name__.rsplit(".", 1)[-1]
+    for patch in all_patches():
+        name, targets = "patch " + patch.name(), ", ".join(patch.targets)
         try:
-            mod.check(src)
+            patch.check(src)
         except Exception as e:          # noqa: BLE001 - a broken check is a failed row
-            rows.append(Row(name, mod.TARGET, False, _failure(e)))
+            rows.append(Row(name, targets, False, _failure(e)))
             continue
         base = src.version.split("+")[0]
-        note = "" if base in mod.CHECKED else f" (passes; {base} not in CHECKED {mod.CHECKED})"
-        rows.append(Row(name, mod.TARGET, True, "ok" + note))
+        note = "" if base in patch.checked else \
+            f" (passes; {base} not in checked {patch.checked})"
+        rows.append(Row(name, targets, True, "ok" + note))
     for contract in ALL:
         try:
             note = contract.check(src)

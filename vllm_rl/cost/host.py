@@ -8,7 +8,7 @@ Two parts, for the step trace (:mod:`vllm_rl.engine.trace`) and :func:`host_coun
   ``perf_counter_ns`` pair per call, and apart from them the *path* time: under async
   scheduling, the host work of a step after it waited for the device (the drafter,
   having waited for the last step's sampled ids, feeds and drafts; then vLLM prepares
-  the step's inputs until its forward pass starts, ``patches/das_async.py``), during
+  the step's inputs until its forward pass starts, ``patches/model_runner/das_async.py``), during
   which the device has nothing queued.  The counter is per process, so the engine core
   reads it only where the worker runs in the same process (in-process engines,
   ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: what the benches use); with a worker process of

@@ -1,7 +1,7 @@
 """DAS under vLLM's async scheduling: drafts made while the previous step runs.
 
 vLLM's async engine schedules step n + 1 and processes step n − 1's output while step n
-runs, and keeps a step's sampled ids on the device.  ``patches/das_async.py`` calls the
+runs, and keeps a step's sampled ids on the device.  ``patches/model_runner/das_async.py`` calls the
 drafter around each step:
 
 * :meth:`AsyncDrafts.after_sample` (step n sampled): each row's last token and count to
@@ -50,7 +50,7 @@ from vllm_rl.das.context import ContextWindows
 from vllm_rl.das.state import StepRows
 
 PATH_ATTR = "_vllm_rl_path_from"   # runner: a drafting step's path, vLLM's part from here
-PREP_ATTR = "_vllm_rl_prep_ns"     # runner: that part, measured (patches/das_async.py)
+PREP_ATTR = "_vllm_rl_prep_ns"     # runner: that part, measured (patches/model_runner/das_async.py)
 HOST_DECAY = 0.1         # weight of the newest drafting step in draft_host_ms
 
 
@@ -83,7 +83,7 @@ class AsyncDrafts:
         return self._drafting
 
     def after_sample(self, runner, sampled) -> None:
-        """Step n sampled, under async scheduling (``patches/das_async.py``, before
+        """Step n sampled, under async scheduling (``patches/model_runner/das_async.py``, before
         vLLM's bookkeeping).  ``sampled`` (``[rows, k + 1]``, -1 past a row's accepted
         tokens) is on the device: give vLLM, there, each row's last token and count
         (what its async speculative path reads when it prepares step n + 1) and start
@@ -121,7 +121,7 @@ class AsyncDrafts:
         return torch.zeros((n, self.k_max), dtype=torch.int32, device=runner.device)
 
     def before_step(self, runner: Any, scheduler_output: Any):
-        """Called by ``patches/das_async.py`` before each step of an async engine, while
+        """Called by ``patches/model_runner/das_async.py`` before each step of an async engine, while
         the previous step n runs on the device.
 
         Takes in the steps before n (their ids are on the host: no wait), decides the

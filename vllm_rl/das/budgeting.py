@@ -71,7 +71,7 @@ class DraftBudgets:
         self._draft_now = True                  # this decision's drafts are used
         # async: the host time a drafting step adds to the path without the lookahead
         # (ms, decayed mean: the drafter after its wait for the last step's ids, then
-        # vLLM's input preparation until the forward pass, patches/das_async.py; the cost
+        # vLLM's input preparation until the forward pass, patches/model_runner/das_async.py; the cost
         # cap counts it against the tokens drafting saves)
         self.draft_host_ms = 0.0
         # the batch cap, chosen once: each writes step.max_tokens for the live rows

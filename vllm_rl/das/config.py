@@ -9,7 +9,7 @@ build both; per-request flags (``das`` section of :mod:`vllm_rl.flags`) choose t
 problem and the policy, and may lower ``b`` or set ``min_prob``.
 
 vLLM runs CPU-side drafters (``ngram``, ``suffix``, ``custom_class``) with synchronous
-scheduling only; ``patches/das_async.py`` lets the DAS drafter run under async
+scheduling only; ``patches/model_runner/das_async.py`` lets the DAS drafter run under async
 scheduling (:class:`~vllm_rl.engine.scheduler.RLScheduler`), as stock vLLM schedules on
 a GPU (``DASConfig.async_scheduling``, default on; off:
 :class:`~vllm_rl.engine.scheduler.RLSyncScheduler`).
@@ -73,7 +73,7 @@ class DASConfig:
     reproducible.
 
     ``async_scheduling`` (default on): the engine schedules asynchronously, as stock
-    vLLM does on a GPU (``patches/das_async.py``).  vLLM schedules step n + 1 and
+    vLLM does on a GPU (``patches/model_runner/das_async.py``).  vLLM schedules step n + 1 and
     processes step n - 1's output while step n runs; the drafter drafts at the start
     of step n + 1 from step n's tokens, the drafts it would make synchronously, and
     the worker cuts each request's speculative slots to its draft.  Off: the engine
@@ -165,17 +165,12 @@ class DASConfig:
         }
 
 
-def default_problem_id(raw_flags: dict[str, Any], prompt_token_ids) -> str:
-    """``das.problem_id`` when a request names none: its group id if the caller named the
-    group (``group.id`` in the flags as sent), else its prompt."""
-    group = raw_flags.get("group")
-    if isinstance(group, dict) and isinstance(group.get("id"), str) and group["id"]:
-        return group["id"]
-    return prompt_problem_id(prompt_token_ids)
-
-
-def prompt_problem_id(prompt_token_ids) -> str:
-    """The problem id of a request that names none: its prompt (same prompt, same tree)."""
+def default_problem_id(named_group: str | None, prompt_token_ids) -> str:
+    """``das.problem_id`` when a request names none (the one place it is decided): the
+    group id its caller named (``group.id`` as sent, not one the engine made up), else
+    its prompt (same prompt, same tree)."""
+    if named_group:
+        return named_group
     h = hashlib.blake2b(digest_size=12)
     h.update(",".join(map(str, prompt_token_ids or ())).encode())
     return "prompt:" + h.hexdigest()
@@ -199,4 +194,4 @@ def check_engine(flags: RLFlags | None, vllm_config: Any) -> RLFlags | None:
     return flags
 
 
-__all__ = ["BATCH_CAPS", "DASConfig", "check_engine", "default_problem_id", "prompt_problem_id"]
+__all__ = ["BATCH_CAPS", "DASConfig", "check_engine", "default_problem_id"]

@@ -4,7 +4,7 @@ vLLM calls :meth:`DASProposer.propose` after every decode step with the tokens e
 running request just got (accepted drafts plus the bonus token); what it returns is
 verified by the target model in the next step, by vLLM's own rejection sampler, so
 the output distribution is the model's (lossless).  The patch
-``patches/das_proposer_context.py`` hands the proposer the model runner and the step's
+``patches/model_runner/das_context.py`` hands the proposer the model runner and the step's
 ``SchedulerOutput`` first (:meth:`bind_step`): vLLM's ``custom_class`` interface
 passes token arrays only, and DAS needs each row's request id and flags.
 
@@ -129,7 +129,7 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
         return bool(getattr(self._runner, "use_async_scheduling", False))
 
     def bind_step(self, runner: Any, scheduler_output: Any) -> None:
-        """Called by ``patches/das_proposer_context.py`` before each :meth:`propose`."""
+        """Called by ``patches/model_runner/das_context.py`` before each :meth:`propose`."""
         self._runner, self._sched = runner, scheduler_output
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,

@@ -17,7 +17,7 @@ drafts (``draft_rounds``).
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 
 class QuietSteps:
@@ -31,9 +31,22 @@ class QuietSteps:
         self.steps = 0
 
 
-def admit(member: Any, quiet: QuietSteps) -> None:
+@dataclass
+class DasSample:
+    """DAS's state of one sample in the scheduler (its record's counts)."""
+
+    quiet: QuietSteps           # the engine's count of steps with no draft verified
+    quiet_from: int             # its value at admission
+    proposed: int = 0           # draft tokens this sample was verified on
+    accepted: int = 0           # of which the model accepted (and the sample kept)
+    rounds: int = 0             # steps in which it was verified on at least one draft
+    step_accepted: int = 0      # accepted this step, until the update sees what is kept
+    tokens_before: int = 0      # output tokens before this step's update
+
+
+def admit(quiet: QuietSteps) -> DasSample:
     """A DAS sample joins: it reads ``quiet`` from now on."""
-    member.das_quiet, member.das_quiet_from = quiet, quiet.steps
+    return DasSample(quiet, quiet.steps)
 
 
 def count_drafts(members: dict, requests: dict, spec_tokens: dict, sampled,
@@ -46,7 +59,7 @@ def count_drafts(members: dict, requests: dict, spec_tokens: dict, sampled,
 
     Under async scheduling the scheduler's ``spec_tokens`` are placeholders (-1) and the
     worker verified each sample on its real draft only: ``drafted`` (the step's
-    ``ModelRunnerOutput.vllm_rl_drafts``, ``patches/das_async.py``) has those counts.
+    ``StepOutput.drafts``, :mod:`vllm_rl.step_output`) has those counts.
     Returns the draft tokens verified in the step (flagged samples)."""
     if not sampled:
         return 0
@@ -55,33 +68,34 @@ def count_drafts(members: dict, requests: dict, spec_tokens: dict, sampled,
         member = members.get(req_id)
         i = index.get(req_id)
         request = requests.get(req_id)
-        if member is None or i is None or request is None or not sampled[i]:
+        if member is None or member.das is None or i is None or request is None \
+                or not sampled[i]:
             continue
+        sample = member.das
         k = (drafted.get(req_id, 0) if drafted is not None
              else sum(1 for t in spec if t >= 0))
         if k:
-            member.draft_proposed += k
-            member.draft_rounds += 1
+            sample.proposed += k
+            sample.rounds += 1
             total += k
-        member.step_accepted = len(sampled[i]) - 1
-        member.tokens_before = request.num_output_tokens
+        sample.step_accepted = len(sampled[i]) - 1
+        sample.tokens_before = request.num_output_tokens
     return total
 
 
-def keep_accepted(member: Any, num_output_tokens: int) -> None:
+def keep_accepted(sample: DasSample, num_output_tokens: int) -> None:
     """After the update: of this step's accepted drafts, those the sample kept (its
     tokens past a stop are dropped by vLLM, accepted or not)."""
-    kept = num_output_tokens - member.tokens_before
-    member.draft_accepted += max(0, min(member.step_accepted, kept))
-    member.step_accepted = 0
+    kept = num_output_tokens - sample.tokens_before
+    sample.accepted += max(0, min(sample.step_accepted, kept))
+    sample.step_accepted = 0
 
 
-def fields(member: Any) -> dict:
+def fields(sample: DasSample) -> dict:
     """DAS's fields of the sample's record."""
-    quiet = member.das_quiet
-    return {"draft_proposed": member.draft_proposed, "draft_accepted": member.draft_accepted,
-            "draft_rounds": member.draft_rounds,
-            "draft_off_steps": 0 if quiet is None else quiet.steps - member.das_quiet_from}
+    return {"draft_proposed": sample.proposed, "draft_accepted": sample.accepted,
+            "draft_rounds": sample.rounds,
+            "draft_off_steps": sample.quiet.steps - sample.quiet_from}
 
 
-__all__ = ["QuietSteps", "admit", "count_drafts", "fields", "keep_accepted"]
+__all__ = ["DasSample", "QuietSteps", "admit", "count_drafts", "fields", "keep_accepted"]

@@ -26,7 +26,7 @@ import numpy as np
 from vllm.logger import init_logger
 
 from vllm_rl.das import budget as policy
-from vllm_rl.das.config import prompt_problem_id
+from vllm_rl.das.config import default_problem_id
 from vllm_rl.das.slots import POLICY_CODES, FIXED
 from vllm_rl.das.state import RequestState, Round, StepRows
 from vllm_rl.flags import DasFlags, RLFlags, read_or_warn
@@ -147,7 +147,7 @@ class RequestBook:
     def _start(self, flags: DasFlags, params, cached, batch, i) -> RequestState:
         prompt = cached.prompt_token_ids or []
         n_prompt = len(prompt) if prompt or batch is None else int(batch.num_prompt_tokens[i])
-        problem = flags.problem_id or prompt_problem_id(prompt)
+        problem = flags.problem_id or default_problem_id(None, prompt)
         tail = list(prompt[max(0, n_prompt - self.cfg.prompt_tail):n_prompt])
         seq = self.store.start(problem, tail)
         max_tokens = params.max_tokens or (self.max_model_len - n_prompt)

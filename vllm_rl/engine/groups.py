@@ -1,40 +1,36 @@
 """Group membership and state: which requests sample the same prompt, and how far they are.
 
 A group is known by ``group.id``; its members arrive as the ``n`` children of one
-request or as ``M'`` single requests sharing the id (verl's way).  The registry keeps
-one :class:`GroupState` per live group and drops it once all ``M'`` members have left.
+request or as ``M'`` single requests sharing the id (verl's way).  A group holds ``M'``
+arrivals: a member that arrives with the id of a group whose ``M'`` have all arrived
+begins a new group, so an id reused while its first group is live (a dataset index sent
+again at the next step, say) never merges two groups.  The registry keeps one
+:class:`GroupState` per id for the group that is taking arrivals; a group that has all
+its members lives on in its members and leaves with the last of them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
+from vllm_rl.arrol.engine import ArrolSample
+from vllm_rl.das.engine import DasSample
+from vllm_rl.duet.rule import DuetState
 from vllm_rl.flags import GroupFlags, RLFlags
-
-if TYPE_CHECKING:
-    from vllm_rl.arrol.rule import ArrolVerdict
-    from vllm_rl.duet.rule import DuetState
 
 
 @dataclass
 class Member:
-    """The RL state of one request, attached to it once at admission."""
+    """The RL state of one request, attached to it once at admission: each technique's
+    own typed state (None where the request does not use it), its group, and what the
+    record needs of the engine (its weight versions)."""
 
     request_id: str
     flags: RLFlags
     group: "GroupState | None" = None
     finish_rank: int | None = None
-    duet: "DuetState | None" = None
-    arrol: "ArrolVerdict | None" = None   # ARRoL's verdict at l_detect
-    arrol_pending: bool = False  # pruned by its verdict, not yet ended
-    arrol_floor: bool = False    # its prune was overruled: its DARTS group was at M
-    draft_proposed: int = 0     # speculative tokens this sample was verified on
-    draft_accepted: int = 0     # of which the model accepted (and the sample kept)
-    draft_rounds: int = 0       # steps in which it was verified on at least one draft
-    das_quiet: Any = None       # the engine's das.QuietSteps (a DAS sample)
-    das_quiet_from: int = 0     # its count at admission
-    step_accepted: int = 0      # accepted this step, until the update sees what is kept
-    tokens_before: int = 0      # output tokens before this step's update (DAS counts)
+    duet: DuetState | None = None
+    das: DasSample | None = None
+    arrol: ArrolSample | None = None
     ended: bool = False         # its record is written (an early or a natural end)
     weight_version: int = 0     # the engine's weight version of its first token
     # weight syncs it ran across: (new version, output-token index where it began)
@@ -44,7 +40,6 @@ class Member:
 @dataclass
 class GroupState:
     flags: GroupFlags
-    rl: RLFlags
     live: dict[str, Member] = field(default_factory=dict)   # not yet ended
     arrived: int = 0
     left: int = 0
@@ -67,8 +62,8 @@ class GroupRegistry:
         g = member.flags.group
         assert g is not None
         state = self.groups.get(g.id)
-        if state is None:
-            state = self.groups[g.id] = GroupState(flags=g, rl=member.flags)
+        if state is None or state.arrived >= state.flags.redundant:
+            state = self.groups[g.id] = GroupState(flags=g)
         state.live[member.request_id] = member
         state.arrived += 1
         member.group = state
@@ -91,8 +86,8 @@ class GroupRegistry:
         if state is None or state.live.pop(member.request_id, None) is None:
             return
         state.left += 1
-        if state.complete:
-            self.groups.pop(state.flags.id, None)
+        if state.complete and self.groups.get(state.flags.id) is state:
+            del self.groups[state.flags.id]
 
     def __len__(self) -> int:
         return len(self.groups)

@@ -42,10 +42,10 @@ def write(request: "Request", member: "Member", reason: Reason) -> None:
     """Write ``member``'s record into ``request.stop_reason`` (vLLM's own stop string or
     token, if it ended on one, is kept in ``stop``)."""
     fields = version_fields(member)
-    if member.flags.das is not None:
-        fields.update(das.fields(member))
+    if member.das is not None:
+        fields.update(das.fields(member.das))
     if member.arrol is not None:
-        fields.update(arrol.fields(member, reason))
+        fields.update(arrol.fields(member.arrol, reason))
     if member.duet is not None:
         fields.update(DuetEngine.fields(member.duet))
     group = member.group

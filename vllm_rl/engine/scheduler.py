@@ -4,16 +4,19 @@ Use it with ``scheduler_cls="vllm_rl.engine.scheduler.RLScheduler"`` (``vllm_rl.
 ``vllm_rl.engine_args`` set it for you).  :class:`RLScheduler` extends vLLM's
 ``AsyncScheduler``; :class:`RLSyncScheduler` the same logic on vLLM's synchronous
 ``Scheduler``, for engines whose speculative method runs on the CPU (DAS), which vLLM
-schedules synchronously.  A request without RL flags takes exactly vLLM's path: no
-method of vLLM's per-request loop is overridden, and with no flagged request live
-``update_from_output`` is vLLM's own.  A request with flags gets a
+schedules synchronously.  A request without RL flags takes exactly vLLM's path: every
+override calls vLLM's own (``add_request``, ``update_from_output``, ``_free_request``,
+``reset_prefix_cache``, and on :class:`RLScheduler` ``_update_after_schedule``);
+``_free_request``, which vLLM calls inside its per-request loop, only writes the record
+of a flagged sample; ``_update_after_schedule`` changes placeholder drafts only on a DAS
+engine; and with no flagged request live ``update_from_output`` is vLLM's own.  A request with flags gets a
 :class:`~vllm_rl.engine.groups.Member` at admission, and per step, after vLLM's update
 (its tokens appended, its own stop checks done), over the flagged samples the step ran:
 
 * a sample that ended by itself gets its record as vLLM frees it (``_free_request``,
   before vLLM builds the final output that carries it);
 * a sample the worker scored at ``l_detect`` this step (ARRoL: the verdict comes with
-  the step's output, ``ModelRunnerOutput.vllm_rl_arrol``) ends if its coin pruned it;
+  the step's output, ``StepOutput.verdicts``) ends if its coin pruned it;
 * DUET's rule may end it (answer complete: trimmed; no marker past ``K2 + G``: aborted
   unless its coin keeps it): one comparison per sample unless a poll or the gate is due;
 * a group whose M shortest valid samples are known (DARTS early stop, exact: every
@@ -31,7 +34,8 @@ overruled and the record says so); pruned, aborted and cancelled samples never c
 toward M.
 
 Every early end keeps the tokens (and logprobs) the model really produced and writes a
-:class:`~vllm_rl.outcome.RolloutInfo` record into the request's ``stop_reason`` (one
+:class:`~vllm_rl.outcome.RolloutInfo` record into the request's ``stop_reason``, its
+carrier to the front end, which takes it out into the output's ``rollout_info`` (one
 writer, :mod:`vllm_rl.engine.records`).  Each technique's engine state lives in its
 folder (:mod:`vllm_rl.duet.engine`, :mod:`vllm_rl.arrol.engine`, :mod:`vllm_rl.das.engine`);
 this scheduler keeps admission, composition and ending.  With speculative decoding a
@@ -57,6 +61,7 @@ from vllm_rl.engine import records
 from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
 from vllm_rl.engine.trace import TraceMixin
 from vllm_rl.flags import KEY, read_or_warn
+from vllm_rl import step_output
 from vllm_rl.outcome import Reason
 
 logger = init_logger(__name__)
@@ -105,7 +110,7 @@ class RLSchedulerMixin(TraceMixin):
                 self.rl_members[request.request_id] = member
                 if member.flags.das is not None:
                     self.rl_das_live += 1
-                    das.admit(member, self.rl_das_quiet)
+                    member.das = das.admit(self.rl_das_quiet)
                 if member.flags.group is not None:
                     self.rl_groups.join(member)
         super().add_request(request)
@@ -130,6 +135,8 @@ class RLSchedulerMixin(TraceMixin):
             member.duet = self.duet.admit(
                 flags.duet, request.max_tokens, request.sampling_params.seed,
                 request.prompt_token_ids, request.request_id)
+        if flags.arrol is not None:
+            member.arrol = arrol.ArrolSample(request.request_id)
         return member
 
     @property
@@ -159,19 +166,17 @@ class RLSchedulerMixin(TraceMixin):
         if not members:
             return super().update_from_output(scheduler_output, model_runner_output)
         spec = scheduler_output.scheduled_spec_decode_tokens
-        drafting = getattr(model_runner_output, "vllm_rl_drafting", None)
-        if drafting is not None:
-            self.rl_das_drafting = drafting
+        step = step_output.of(model_runner_output)
+        if step is not None and step.drafting is not None:
+            self.rl_das_drafting = step.drafting
         if self.rl_das_live:
             drafted = spec and das.count_drafts(
                 members, self.requests, spec, model_runner_output.sampled_token_ids,
-                model_runner_output.req_id_to_index,
-                getattr(model_runner_output, "vllm_rl_drafts", None))
+                model_runner_output.req_id_to_index, step and step.drafts)
             if not drafted:
                 self.rl_das_quiet.steps += 1
-        verdicts = getattr(model_runner_output, "vllm_rl_arrol", None)
-        if verdicts:
-            self._take_verdicts(verdicts)
+        if step is not None and step.verdicts:
+            self._take_verdicts(step.verdicts)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         self._apply_rules(scheduler_output.num_scheduled_tokens, outputs)
         if self._watched:
@@ -183,7 +188,7 @@ class RLSchedulerMixin(TraceMixin):
     def _apply_rules(self, scheduled: dict, outputs: dict[int, EngineCoreOutputs]) -> None:
         """The per-sample rules after vLLM's update, for the flagged samples this step
         ran: a pruned verdict ends it (ARRoL), else DUET's poll or gate may; a sample of
-        an already stopped group (one that arrived late) is cancelled.  Hot path: per
+        an already stopped group still scheduled is cancelled.  Hot path: per
         flagged sample a dict lookup and a comparison unless a rule is due."""
         ends: list[str] = []
         requests = self.requests
@@ -193,13 +198,13 @@ class RLSchedulerMixin(TraceMixin):
             request = requests.get(rid)
             if request is None or request.is_finished():
                 continue
-            if member.step_accepted:
-                das.keep_accepted(member, request.num_output_tokens)
+            if member.das is not None and member.das.step_accepted:
+                das.keep_accepted(member.das, request.num_output_tokens)
             state = member.duet
             if member.group is not None and member.group.stopped and not _tail(member):
                 self._write_cancelled(request, member)
-            elif member.arrol_pending:
-                member.arrol_pending = False
+            elif member.arrol is not None and member.arrol.pending:
+                member.arrol.pending = False
                 self._record_end(request, member, Reason.ARROL_PRUNED)
             elif state is not None and request.num_output_tokens >= state.next_check:
                 reason = self.duet.step(state, request.num_output_tokens,
@@ -224,17 +229,18 @@ class RLSchedulerMixin(TraceMixin):
         record says ``floor`` and its survival weight is 1, not 1/p."""
         for rid, verdict in verdicts.items():
             member = self.rl_members.get(rid)
-            if member is None or member.flags.arrol is None or member.arrol is not None:
+            sample = None if member is None else member.arrol
+            if sample is None or sample.verdict is not None:
                 continue
             verdict = arrol.verdict(verdict)
             if verdict.p is not None and _at_floor(member):
-                member.arrol_floor = True
+                sample.floor = True
                 if verdict.pruned:
                     verdict = verdict._replace(pruned=False)
                     self.rl_stats["arrol_floor"] += 1
-            member.arrol = verdict
+            sample.verdict = verdict
             if verdict.pruned:
-                member.arrol_pending = True
+                sample.pending = True
                 self._arrol_pending.append(member)
             self.rl_stats["arrol_scored"] += 1
 
@@ -244,9 +250,9 @@ class RLSchedulerMixin(TraceMixin):
         pending, self._arrol_pending = self._arrol_pending, []
         for member in pending:
             request = self.requests.get(member.request_id)
-            if not member.arrol_pending or request is None or request.is_finished():
+            if not member.arrol.pending or request is None or request.is_finished():
                 continue
-            member.arrol_pending = False
+            member.arrol.pending = False
             self._record_end(request, member, Reason.ARROL_PRUNED)
             ends.append(member.request_id)
 
@@ -277,8 +283,8 @@ class RLSchedulerMixin(TraceMixin):
             self.rl_das_live -= 1
         if member is not None:
             if not member.ended and request.status in _NATURAL:
-                if member.step_accepted:
-                    das.keep_accepted(member, request.num_output_tokens)
+                if member.das is not None and member.das.step_accepted:
+                    das.keep_accepted(member.das, request.num_output_tokens)
                 self._record_end(request, member, _natural_reason(request))
             self.rl_groups.leave(member)
             if member.duet is not None:
@@ -299,16 +305,20 @@ class RLSchedulerMixin(TraceMixin):
         prompt and tokens so far on the new weights.  So the reset succeeds (vLLM itself
         raises where a KV-connector transfer is still pending), and a block cached
         afterwards was computed afterwards.  Any reset counts as a sync, a user's own
-        included: the cost is a recompute and a version step, never old KV.
+        included: the cost is a recompute and a version step, never old KV.  With no
+        request running, nothing is preempted and the call is vLLM's own: a reset that
+        fails (the KV cache manager's or the connector's) answers ``False``, as vLLM
+        answers it.
 
         The sync bumps :attr:`rl_weight_version`; a flagged sample with tokens from
         before it says in its record where the new version began
         (``RolloutInfo.weight_versions``).  :attr:`rl_last_sync` reports what happened
-        (read by the ``vllm_rl_weight_sync`` utility, ``patches/weight_sync.py``).
+        (read by the ``vllm_rl_weight_sync`` utility, ``patches/engine_core.py``).
         """
         recomputed = sum(1 for r in self.running if r.num_computed_tokens > 0)
         cached = _cached_blocks(self.kv_cache_manager)
-        ok = super().reset_prefix_cache(True, reset_connector)
+        ok = super().reset_prefix_cache(reset_running_requests or bool(self.running),
+                                        reset_connector)
         self.rl_weight_version += 1
         version, across = self.rl_weight_version, 0
         for rid, member in self.rl_members.items():
@@ -344,7 +354,7 @@ class RLSchedulerMixin(TraceMixin):
                 self._watched[group.flags.id] = group
         if member.duet is not None:
             self.duet.observe(member.duet, reason, request.num_output_tokens,
-                              arrol.survival_weight(member))
+                              arrol.survival_weight(member.arrol))
         if reason is Reason.ARROL_PRUNED:
             self.rl_stats["arrol_pruned"] += 1
         records.write(request, member, reason)
@@ -354,7 +364,7 @@ class RLSchedulerMixin(TraceMixin):
         member.ended = True
         if member.duet is not None:
             self.duet.observe(member.duet, Reason.DARTS_CANCELLED, request.num_output_tokens,
-                              arrol.survival_weight(member))
+                              arrol.survival_weight(member.arrol))
         records.write(request, member, Reason.DARTS_CANCELLED)
 
     def _cancel_stopped_groups(self, outputs: dict[int, EngineCoreOutputs]) -> None:
@@ -400,7 +410,8 @@ def _at_floor(member: Member) -> bool:
     if group is None or member.flags.darts is None:
         return False
     others = sum(1 for m in group.live.values()
-                 if m is not member and not m.arrol_pending and not _tail(m))
+                 if m is not member and not (m.arrol is not None and m.arrol.pending)
+                 and not _tail(m))
     missing = max(0, group.flags.redundant - group.arrived)
     return group.valid + others + missing < group.flags.size
 
@@ -432,9 +443,9 @@ class RLScheduler(RLSchedulerMixin, AsyncScheduler):
         """With a drafter, vLLM's async scheduler gives every decoding request
         ``num_speculative_tokens`` placeholder drafts for its next step.  On an engine
         whose drafter is DAS's, only samples with DAS flags draft (the worker cuts theirs
-        to their real drafts, ``patches/das_async.py``): with none running, or while the
+        to their real drafts, ``patches/model_runner/das_async.py``): with none running, or while the
         drafter's last decision drafts for no row (its batch cap has drafting off: each
-        step's output says, ``vllm_rl_drafting``), no request gets placeholders;
+        step's output says, ``StepOutput.drafting``), no request gets placeholders;
         otherwise those without DAS flags lose theirs.  No token budget or KV slots are
         held for drafts that never come.  Any other drafter (EAGLE, MTP, a draft model,
         ``ngram_gpu``) drafts for every request: vLLM's own scheduling, unchanged."""

@@ -31,6 +31,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from vllm_rl import step_output
 from vllm_rl.cost.host import WORKER
 from vllm_rl.engine import TRACE_KEY as CONFIG_KEY
 
@@ -75,7 +76,7 @@ class StepTrace:
 
     def narrow(self, position: int, by: int) -> None:
         """A sequence computed ``by`` fewer query tokens than it was scheduled (async
-        speculative decoding: placeholder drafts the worker cut, ``patches/das_async.py``)."""
+        speculative decoding: placeholder drafts the worker cut, ``patches/model_runner/das_async.py``)."""
         self._widths[position] -= by
 
     def add_wall(self, ms: float) -> None:
@@ -241,7 +242,8 @@ class TraceMixin:
         outputs = type(self).update_from_output(self, scheduler_output, model_runner_output)
         t1 = perf_counter_ns()
         held = self._trace_spec.pop(id(scheduler_output), None)
-        drafts = getattr(model_runner_output, "vllm_rl_drafts", None)
+        step = step_output.of(model_runner_output)
+        drafts = None if step is None else step.drafts
         if held and drafts is not None:     # the widths the worker ran (its real drafts)
             for position, rid, scheduled in held:
                 self.rl_trace.narrow(position, scheduled - drafts.get(rid, 0))

@@ -64,7 +64,7 @@ from vllm_rl.integrations.openrlhf import (  # noqa: E402
 )
 from vllm_rl.integrations.openrlhf.worker import WORKER_EXTENSION  # noqa: E402
 from vllm_rl.integrations.common.rpc import RLStateRPC  # noqa: E402
-from vllm_rl.outcome import RolloutInfo, hidden_ids, with_hidden  # noqa: E402
+from vllm_rl.outcome import hidden_ids, record_of, with_hidden  # noqa: E402
 
 OPENRLHF_WORKER = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"
 ORIGINAL = vllm_engine.RolloutRayActor                 # OpenRLHF's Ray actor class
@@ -156,7 +156,7 @@ class RLRolloutActor(RLStateRPC, _BASE):
             state.sent = True
         output = await super().generate(prompt_token_ids, sampling_params, multi_modal_data)
         if state is not None and output is not None and output.outputs:
-            state.records.append(RolloutInfo.decode(output.outputs[0].stop_reason))
+            state.records.append(record_of(output.outputs[0]))
         return output
 
     async def generate_responses(self, prompt, label, sampling_params, max_length: int,

@@ -35,7 +35,7 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import (  # noqa: E402
 
 from vllm_rl.integrations.common.rpc import RLStateRPC  # noqa: E402
 from vllm_rl.integrations.verl import NAME, RECORD_KEY, SETTINGS_KEY  # noqa: E402
-from vllm_rl.outcome import RolloutInfo  # noqa: E402
+from vllm_rl.outcome import record_of  # noqa: E402
 
 ENGINE_SETTINGS = ("das", "arrol", "cost", "trace")
 WORKER_EXTENSION = "vllm_rl.integrations.verl.worker.VerlRLWorkerExtension"
@@ -66,8 +66,8 @@ def rl_kwargs(settings: dict[str, Any]) -> dict[str, Any]:
 
 class _FinalOutputs:
     """The server's ``AsyncLLM``, keeping the last ``RequestOutput`` of each ``generate``
-    by request id (verl's ``generate`` reads the tokens and drops vLLM's ``stop_reason``,
-    where the record travels).
+    by request id (verl's ``generate`` reads the tokens and drops the rest of vLLM's
+    ``CompletionOutput``, its ``rollout_info`` included).
 
     It also answers verl 0.9.1's ``pause_generation(wait_for_inflight_requests=...)``
     (written for vLLM 0.24) with vLLM 0.32's ``pause_generation(mode=...)``: without it
@@ -99,7 +99,7 @@ def with_record(output, final) -> Any:
     ``TokenOutput``; an early end the engine chose is not an abort."""
     if final is None or not final.outputs:
         return output
-    info = RolloutInfo.decode(final.outputs[0].stop_reason)
+    info = record_of(final.outputs[0])
     if info is None:                     # a request without flags: stock vLLM's answer
         return output
     output.extra_fields[RECORD_KEY] = info.encode()

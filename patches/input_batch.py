@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import functools
 
-from . import PatchMismatch
+from . import CHECKED, Patch, PatchMismatch
 
 _MODULE = "vllm.v1.worker.gpu_input_batch"
 TARGET = f"{_MODULE}.InputBatch.add_request"
-CHECKED = ("0.32.0", "0.33.0")
 _EXPECTED_PARAMS = ("self", "request")
 
 
@@ -34,7 +33,7 @@ def _target():
     return InputBatch
 
 
-def check(source=None) -> None:
+def _check(source=None) -> None:
     """Fail loudly if vLLM no longer keeps a request's generator as this patch expects:
     the installed vLLM, or ``source`` (a :class:`~vllm_rl.compat.source.SourceTree`)."""
     import ast
@@ -67,11 +66,9 @@ def _cpu_generator_class():
     return CPUGenerator
 
 
-def apply() -> None:
+def _apply() -> None:
     cls = _target()
     original = cls.add_request
-    if getattr(original, "_vllm_rl_patched", False):
-        return
     cpu_generator = _cpu_generator_class()
 
     @functools.wraps(original)
@@ -83,5 +80,10 @@ def apply() -> None:
             request.generator = wrapped
         return original(self, request, *args, **kwargs)
 
-    add_request._vllm_rl_patched = True
     cls.add_request = add_request
+
+
+class CpuSeededChunks(Patch, check=_check, apply=_apply):
+    """Seeded CPU generators kept whole across chunks (module docstring)."""
+
+    targets = (TARGET,)

@@ -1,19 +1,8 @@
 """Run the DAS drafter under vLLM's asynchronous scheduling: it drafts between steps.
 
-Patched internals (checked on 0.32.0 and 0.33.0):
+Patched internals (checked on 0.32.0 and 0.33.0; the config that lets a DAS engine
+schedule asynchronously is ``patches/config.py``):
 
-* ``vllm.config.vllm.VllmConfig.__post_init__``.  vLLM allows async scheduling only
-  with speculative methods whose drafts stay on the GPU (EAGLE/MTP, draft model,
-  ``ngram_gpu``, DSpark, DFlash) and turns it off for ``custom_class``.  While the
-  config of a DAS engine that asks for it (``DASConfig.async_scheduling``, the DAS
-  proposer named in ``speculative_config.model``) is checked, ``custom_class`` counts
-  as one of ``NgramGPUTypes`` (the module global that check reads, and nothing else in
-  that method does); any other engine is checked as vLLM checks it.
-* ``vllm.platforms.cpu.CpuPlatform.check_and_update_config`` (CPU only).  vLLM's CPU
-  platform turns async scheduling off for every engine ("not required on CPU").  An
-  engine whose ``additional_config`` has ``vllm_rl_async_cpu: true`` keeps the async
-  scheduling it resolved to, so the CPU build runs and tests the asynchronous path
-  (stock engines in the benches take the same key, to compare like with like).
 * ``GPUModelRunner._bookkeeping_sync``: first, a drafter with ``after_sample`` gets
   the step's sampled ids on the device (under async speculative decoding vLLM's
   bookkeeping expects the drafter to have set each row's last token and count,
@@ -29,78 +18,48 @@ Patched internals (checked on 0.32.0 and 0.33.0):
   for the device, vLLM's input preparation from the drafter's return to the forward pass
   is host time on the step's path; it is added to the path counter
   (:data:`vllm_rl.cost.host.WORKER`) and handed to the drafter for its cost cap.
-* ``GPUModelRunner.sample_tokens``: the step's output carries the draft tokens each
-  request was verified on (``ModelRunnerOutput.vllm_rl_drafts``, pickled with it across
-  vLLM's executor, as ARRoL's verdicts are): the scheduler only saw placeholders, and
-  the records count real drafts (:func:`vllm_rl.das.engine.count_drafts`), and whether
-  the drafter's last decision drafts (``vllm_rl_drafting``): the scheduler gives DAS
-  samples placeholder drafts only while it does.
+* ``GPUModelRunner.sample_tokens`` (outside ARRoL's wrapper, ``after``): the step's
+  :class:`~vllm_rl.step_output.StepOutput` carries the draft tokens each request was
+  verified on (``drafts``): the scheduler only saw placeholders, and the records count
+  real drafts (:func:`vllm_rl.das.engine.count_drafts`), and whether the drafter's last
+  decision drafts (``drafting``): the scheduler gives DAS samples placeholder drafts
+  only while it does.
 
 How it overlaps: vLLM's async engine schedules step n + 1 and processes step n - 1's
-output while step n runs; the drafter needs step n's tokens, so it drafts at the start
-of step n + 1's ``execute_model``, after waiting for them, as vLLM's own ``ngram_gpu``
-waits there for its draft counts.  The scheduler's and the output processor's host time
-hide under the forward pass; the drafter's does not (``docs/ARCHITECTURE.md``, "DAS
-under async scheduling").
+output while step n runs.  With DAS's lookahead (the default) the drafter drafts step
+n + 1 at the start of its ``execute_model`` from a guess of step n's outcome, waiting for
+nothing; without it (``DASConfig.lookahead=False``) it waits there for step n's tokens,
+as vLLM's own ``ngram_gpu`` waits for its draft counts, and that wait and the drafting
+after it are host time on the step's path (``docs/ARCHITECTURE.md``, "DAS under async
+scheduling").
 """
 from __future__ import annotations
 
 import functools
 from time import perf_counter_ns
 
-from vllm_rl.settings import CPU_ASYNC_KEY
+from .. import Patch, PatchMismatch
 
-from . import PatchMismatch
-
-OUTPUT_ATTR = "vllm_rl_drafts"   # ModelRunnerOutput: {request id: draft tokens verified}
-DRAFTING_ATTR = "vllm_rl_drafting"   # ModelRunnerOutput: the drafter's last decision drafts
-
-TARGET_CONFIG = "vllm.config.vllm.VllmConfig.__post_init__"
-TARGET_CPU = "vllm.platforms.cpu.CpuPlatform.check_and_update_config"
 TARGET_BOOKKEEPING = "vllm.v1.worker.gpu_model_runner.GPUModelRunner._bookkeeping_sync"
 TARGET_EXECUTE = "vllm.v1.worker.gpu_model_runner.GPUModelRunner.execute_model"
 TARGET_SAMPLE = "vllm.v1.worker.gpu_model_runner.GPUModelRunner.sample_tokens"
 TARGET_FORWARD = "vllm.v1.worker.gpu_model_runner.GPUModelRunner._model_forward"
-TARGET = (f"{TARGET_CONFIG}, {TARGET_CPU}, {TARGET_BOOKKEEPING}, {TARGET_EXECUTE}, "
-          f"{TARGET_SAMPLE}, {TARGET_FORWARD}")
-CHECKED = ("0.32.0", "0.33.0")
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
 _RUNNER_FIELDS = ("_draft_token_ids", "prev_num_spec_tokens", "discard_request_mask",
                   "_draft_token_req_ids", "use_async_scheduling", "requests")
 
 
-def wants_async(vllm_config) -> bool:
-    """A DAS engine that asked for async scheduling (``DASConfig.async_scheduling``)."""
-    from vllm_rl.das.config import DASConfig
-
-    spec = getattr(vllm_config, "speculative_config", None)
-    if spec is None or spec.method != "custom_class":
-        return False
-    cfg = DASConfig.from_vllm_config(vllm_config)
-    return cfg is not None and cfg.async_scheduling
-
-
-def check(source=None) -> None:
+def _check(source=None) -> None:
     """Fail loudly if vLLM no longer has the shape this patch relies on: the installed
     vLLM, or ``source`` (a :class:`~vllm_rl.compat.source.SourceTree` of any release)."""
     import ast
 
     from vllm_rl.compat.source import calls
 
-    from . import source_of, target_method
+    from .. import CHECKED, source_of, target_method
 
     src = source_of(source)
-    post, where = target_method(src, "vllm.config.vllm", "VllmConfig", "__post_init__",
-                                TARGET_CONFIG, CHECKED, ("self",))
-    body = ast.unparse(post.node)
-    if "get_args(NgramGPUTypes)" not in body or "async_scheduling" not in body:
-        raise PatchMismatch(f"{TARGET_CONFIG} no longer checks async scheduling against "
-                            f"get_args(NgramGPUTypes) {where}")
-    if not src.defines("vllm.config.vllm", "NgramGPUTypes"):
-        raise PatchMismatch(f"vllm.config.vllm no longer imports NgramGPUTypes {where}")
-    target_method(src, "vllm.platforms.cpu", "CpuPlatform", "check_and_update_config",
-                  TARGET_CPU, CHECKED, ("cls", "vllm_config"))
-    book, _ = target_method(src, _RUNNER, "GPUModelRunner", "_bookkeeping_sync",
+    book, where = target_method(src, _RUNNER, "GPUModelRunner", "_bookkeeping_sync",
                             TARGET_BOOKKEEPING, CHECKED,
                             ("self", "scheduler_output", "sampler_output"))
     if "prev_sampled_token_ids is None" not in ast.unparse(book.node):
@@ -141,70 +100,16 @@ def check(source=None) -> None:
                             f"placeholder drafts (RLScheduler._update_after_schedule) {where}")
 
 
-def _apply_config() -> None:
-    from vllm.config import vllm as config_module
-
-    cls = config_module.VllmConfig
-    original = cls.__post_init__
-    if getattr(original, "_vllm_rl_patched", False):
-        return
-    vllm_types = config_module.NgramGPUTypes
-
-    @functools.wraps(original)
-    def __post_init__(self):
-        if not wants_async(self):
-            return original(self)
-        if self.parallel_config.tensor_parallel_size * \
-                self.parallel_config.pipeline_parallel_size > 1:
-            raise ValueError("DASConfig.async_scheduling is checked with one worker only "
-                             "(tensor and pipeline parallel size 1); pass "
-                             "das={'async_scheduling': False} for a parallel engine")
-        from typing import Literal, get_args
-
-        config_module.NgramGPUTypes = Literal[(*get_args(vllm_types), "custom_class")]
-        try:
-            return original(self)
-        finally:
-            config_module.NgramGPUTypes = vllm_types
-
-    __post_init__._vllm_rl_patched = True
-    cls.__post_init__ = __post_init__
-
-
-def _apply_cpu() -> None:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    from vllm.platforms.cpu import CpuPlatform
-
-    original = CpuPlatform.check_and_update_config.__func__
-    if getattr(original, "_vllm_rl_patched", False):
-        return
-
-    @functools.wraps(original)
-    def check_and_update_config(cls, vllm_config) -> None:
-        resolved = vllm_config.scheduler_config.async_scheduling
-        original(cls, vllm_config)
-        extra = getattr(vllm_config, "additional_config", None) or {}
-        if resolved and extra.get(CPU_ASYNC_KEY):
-            vllm_config.scheduler_config.async_scheduling = True
-
-    check_and_update_config._vllm_rl_patched = True
-    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
-
-
-def _apply_runner() -> None:
+def _apply() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     bookkeeping = GPUModelRunner._bookkeeping_sync
-    if getattr(bookkeeping, "_vllm_rl_patched", False):
-        return
     execute = GPUModelRunner.execute_model
     sample_tokens = GPUModelRunner.sample_tokens
     forward = GPUModelRunner._model_forward
     from vllm_rl.cost.host import WORKER
     from vllm_rl.das.async_drafts import PATH_ATTR, PREP_ATTR
+    from vllm_rl.step_output import attach
 
     @functools.wraps(bookkeeping)
     def _bookkeeping_sync(self, scheduler_output, sampler_output, *args, **kwargs):
@@ -232,13 +137,11 @@ def _apply_runner() -> None:
     def sample_tokens_(self, *args, **kwargs):
         out = sample_tokens(self, *args, **kwargs)
         drafts = self.__dict__.pop("_vllm_rl_drafts", None)
-        if out is not None and self.use_async_scheduling:
-            drafter = getattr(self, "drafter", None)
-            mro = getattr(out, "_model_runner_output", out)
-            if drafts is not None:
-                setattr(mro, OUTPUT_ATTR, drafts)
-            if hasattr(drafter, "before_step"):
-                setattr(mro, DRAFTING_ATTR, drafter.drafting)
+        drafter = getattr(self, "drafter", None)
+        if out is not None and self.use_async_scheduling and hasattr(drafter, "before_step"):
+            step = attach(out)
+            step.drafts = drafts
+            step.drafting = drafter.drafting
         return out
 
     @functools.wraps(forward)
@@ -250,17 +153,14 @@ def _apply_runner() -> None:
             self.__dict__[PREP_ATTR] = prep
         return forward(self, *args, **kwargs)
 
-    _bookkeeping_sync._vllm_rl_patched = True
     GPUModelRunner._model_forward = _model_forward
     GPUModelRunner.sample_tokens = sample_tokens_
     GPUModelRunner._bookkeeping_sync = _bookkeeping_sync
     GPUModelRunner.execute_model = execute_model
 
 
-def apply() -> None:
-    _apply_config()
-    _apply_cpu()
-    _apply_runner()
+class DasAsyncRunner(Patch, check=_check, apply=_apply):
+    """The DAS drafter drafting between steps under async scheduling (module docstring)."""
 
-
-__all__ = ["CPU_ASYNC_KEY", "apply", "check", "wants_async"]
+    targets = (TARGET_BOOKKEEPING, TARGET_EXECUTE, TARGET_SAMPLE, TARGET_FORWARD)
+    after = ("ArrolCapture",)          # its sample_tokens wrapper runs outside ARRoL's

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import functools
 
-from . import PatchMismatch
+from .. import CHECKED, Patch, PatchMismatch
 
 _MODULE = "vllm.v1.worker.gpu_model_runner"
 TARGET = f"{_MODULE}.GPUModelRunner.propose_draft_token_ids"
-CHECKED = ("0.32.0", "0.33.0")
 _EXPECTED_PARAMS = ("self", "scheduler_output", "sampled_token_ids")
 
 
@@ -28,14 +27,14 @@ def _target():
     return GPUModelRunner
 
 
-def check(source=None) -> None:
+def _check(source=None) -> None:
     """Fail loudly if vLLM no longer has the shape this patch relies on: the installed
     vLLM, or ``source`` (a :class:`~vllm_rl.compat.source.SourceTree` of any release)."""
     import ast
 
     from vllm_rl.compat.source import calls
 
-    from . import source_of, target_method
+    from .. import source_of, target_method
 
     src = source_of(source)
     fn, where = target_method(src, _MODULE, "GPUModelRunner", "propose_draft_token_ids",
@@ -61,11 +60,9 @@ def check(source=None) -> None:
         raise PatchMismatch(f"InputBatch has no req_ids {where}")
 
 
-def apply() -> None:
+def _apply() -> None:
     cls = _target()
     original = cls.propose_draft_token_ids
-    if getattr(original, "_vllm_rl_patched", False):
-        return
 
     @functools.wraps(original)
     def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
@@ -74,5 +71,10 @@ def apply() -> None:
             bind(self, scheduler_output)
         return original(self, scheduler_output, *args, **kwargs)
 
-    propose_draft_token_ids._vllm_rl_patched = True
     cls.propose_draft_token_ids = propose_draft_token_ids
+
+
+class DasProposerContext(Patch, check=_check, apply=_apply):
+    """The DAS drafter bound to the step it drafts for (module docstring)."""
+
+    targets = (TARGET,)

@@ -1,15 +1,17 @@
 """Hand ARRoL's quality head the hidden states of each step, before they are dropped.
 
-Patched internal: ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.sample_tokens``
-(the V1 model runner; ``CPUModelRunner`` subclasses it, so one patch serves both).
+Patched internals: ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.sample_tokens``
+(the V1 model runner; ``CPUModelRunner`` subclasses it, so one patch serves both) and
+``AsyncGPUModelRunnerOutput.get_output`` (runs the decisions deferred to its wait,
+:func:`vllm_rl.step_output.settle`; one dict lookup on any other step).
 
 Why a patch: vLLM keeps a step's final-norm hidden states only between
 ``execute_model`` (which stores them in ``execute_model_state``) and ``sample_tokens``
 (which clears that state); no hook exposes them.  ARRoL scores a sample from the hidden
 state of its ``l_detect``-th token in the step that computes it (Alg. 1 l.15-18).  The
 wrapper reads ``execute_model_state`` before vLLM's own body and, after it, lets the
-runner's scorer (``runner.vllm_rl_arrol``, set only on ARRoL engines) attach its
-verdicts to the step's ``ModelRunnerOutput``; it changes nothing else, and on engines
+runner's scorer (:func:`vllm_rl.arrol.scorer.scorer_of`, made only on ARRoL engines)
+put its verdicts in the step's :class:`~vllm_rl.step_output.StepOutput`; it changes nothing else, and on engines
 without ARRoL it costs one attribute lookup.
 
 Sync points: the scorer adds no host–device synchronisation to the step.  Its results
@@ -30,14 +32,13 @@ from __future__ import annotations
 
 import functools
 
-from . import PatchMismatch
+from .. import CHECKED, Patch, PatchMismatch
 
 _MODULE = "vllm.v1.worker.gpu_model_runner"
 TARGET = f"{_MODULE}.GPUModelRunner.sample_tokens"
-CHECKED = ("0.32.0", "0.33.0")
+TARGET_GET = f"{_MODULE}.AsyncGPUModelRunnerOutput.get_output"
 _EXPECTED_PARAMS = ("self", "grammar_output")
 _STATE_FIELDS = ("scheduler_output", "hidden_states")
-_UNSET = object()
 
 
 def _target():
@@ -46,14 +47,14 @@ def _target():
     return GPUModelRunner
 
 
-def check(source=None) -> None:
+def _check(source=None) -> None:
     """Fail loudly if vLLM no longer has the shape this patch relies on: the installed
     vLLM, or ``source`` (a :class:`~vllm_rl.compat.source.SourceTree` of any release)."""
     import ast
 
     from vllm_rl.compat.source import assignments, is_attr
 
-    from . import source_of, target_method
+    from .. import source_of, target_method
 
     src = source_of(source)
     fn, where = target_method(src, _MODULE, "GPUModelRunner", "sample_tokens", TARGET,
@@ -73,6 +74,9 @@ def check(source=None) -> None:
     try:
         to_list = src.method(_MODULE, "GPUModelRunner", "_to_list").node
         get = src.method(_MODULE, "AsyncGPUModelRunnerOutput", "get_output").node
+        if ast.unparse(get.body[-1]) != "return output":
+            raise PatchMismatch(f"{TARGET_GET} no longer ends returning its output "
+                                f"(its ModelRunnerOutput) {where}")
         init = src.method(_MODULE, "AsyncGPUModelRunnerOutput", "__init__").node
     except SourceMissing as e:
         raise PatchMismatch(f"{e} is gone: the scorer's sync points cannot be told {where}")
@@ -95,19 +99,19 @@ def check(source=None) -> None:
                             f"gone: the V1 runner this patch serves cannot be told {where}")
 
 
-def apply() -> None:
+def _apply() -> None:
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
+
+    from vllm_rl.arrol.scorer import RUNNER_ATTR, scorer_of
+    from vllm_rl.step_output import settle
+
     cls = _target()
     original = cls.sample_tokens
-    if getattr(original, "_vllm_rl_patched", False):
-        return
 
     @functools.wraps(original)
     def sample_tokens(self, grammar_output, *args, **kwargs):
-        scorer = self.__dict__.get("vllm_rl_arrol", _UNSET)
-        if scorer is _UNSET:
-            from vllm_rl.arrol.scorer import scorer_of
-
-            scorer = scorer_of(self)
+        scorer = self.__dict__[RUNNER_ATTR] if RUNNER_ATTR in self.__dict__ \
+            else scorer_of(self)
         if scorer is None:
             return original(self, grammar_output, *args, **kwargs)
         state = self.execute_model_state
@@ -117,6 +121,19 @@ def apply() -> None:
             scorer.finish(plan, out)
         return out
 
-    sample_tokens._vllm_rl_patched = True
-    cls.sample_tokens = sample_tokens
+    get = AsyncGPUModelRunnerOutput.get_output
 
+    @functools.wraps(get)
+    def get_output(self, *args, **kwargs):
+        out = get(self, *args, **kwargs)
+        settle(out)
+        return out
+
+    cls.sample_tokens = sample_tokens
+    AsyncGPUModelRunnerOutput.get_output = get_output
+
+
+class ArrolCapture(Patch, check=_check, apply=_apply):
+    """The quality head's rows captured before vLLM drops them (module docstring)."""
+
+    targets = (TARGET, TARGET_GET)

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import functools
 
-from . import PatchMismatch
+from . import CHECKED, Patch, PatchMismatch
 
 _MODULE = "vllm.v1.sample.rejection_sampler"
 TARGET = f"{_MODULE}.expand_batch_to_tokens"
-CHECKED = ("0.32.0", "0.33.0")
 _EXPECTED_PARAMS = ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to")
 
 
@@ -37,7 +36,7 @@ def needed() -> bool:
     return current_platform.is_cpu()
 
 
-def check(source=None) -> None:
+def _check(source=None) -> None:
     """Fail loudly if vLLM no longer has the shape this patch relies on: the installed
     vLLM, or ``source`` (a :class:`~vllm_rl.compat.source.SourceTree` of any release)."""
     from vllm_rl.compat.source import SourceMissing, name_calls
@@ -66,17 +65,20 @@ def expand(x, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
     return torch.repeat_interleave(x, counts, output_size=num_tokens)
 
 
-def apply() -> None:
+def _apply() -> None:
     if not needed():
         return
     mod = _module()
     original = mod.expand_batch_to_tokens
-    if getattr(original, "_vllm_rl_patched", False):
-        return
 
     @functools.wraps(original)
     def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
         return expand(x, cu_num_tokens, num_tokens, replace_from, replace_to)
 
-    expand_batch_to_tokens._vllm_rl_patched = True
     mod.expand_batch_to_tokens = expand_batch_to_tokens
+
+
+class CpuSpecExpand(Patch, check=_check, apply=_apply):
+    """vLLM's CPU expansion of sampling params to draft tokens fixed (module docstring)."""
+
+    targets = (TARGET,)

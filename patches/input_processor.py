@@ -19,10 +19,9 @@ from __future__ import annotations
 import functools
 import uuid
 
-from . import PatchMismatch
+from . import CHECKED, Patch, PatchMismatch
 
 TARGET = "vllm.v1.engine.input_processor.InputProcessor.process_inputs"
-CHECKED = ("0.32.0", "0.33.0")
 _EXPECTED_PARAMS = ("self", "request_id", "prompt", "params")
 
 
@@ -32,7 +31,7 @@ def _target():
     return InputProcessor
 
 
-def check(source=None) -> None:
+def _check(source=None) -> None:
     """Fail loudly if vLLM no longer has the shape this patch relies on: the installed
     vLLM, or ``source`` (a :class:`~vllm_rl.compat.source.SourceTree` of any release)."""
     import ast
@@ -78,11 +77,9 @@ def check(source=None) -> None:
                                 f"ParentRequest(request)) {where}")
 
 
-def apply() -> None:
+def _apply() -> None:
     cls = _target()
     original = cls.process_inputs
-    if getattr(original, "_vllm_rl_patched", False):
-        return
 
     @functools.wraps(original)
     def process_inputs(self, request_id, prompt, params, *args, **kwargs):
@@ -91,7 +88,7 @@ def apply() -> None:
 
         from vllm_rl.flags import KEY, FlagError, read
         from vllm_rl.arrol.config import check_engine as check_arrol
-        from vllm_rl.das.config import check_engine, prompt_problem_id
+        from vllm_rl.das.config import check_engine, default_problem_id
 
         if not isinstance(params, SamplingParams) or not params.extra_args:
             return original(self, request_id, prompt, params, *args, **kwargs)
@@ -106,13 +103,18 @@ def apply() -> None:
         request = original(self, request_id, prompt, params, *args, **kwargs)
         canonical = flags.canonical()
         if "das" in canonical and canonical["das"]["problem_id"] is None:
-            named = flags.group is not None and flags.group.id not in ("", group_id)
-            canonical["das"]["problem_id"] = flags.group.id if named \
-                else prompt_problem_id(request.prompt_token_ids)
+            named = None if flags.group is None or flags.group.id == group_id \
+                else flags.group.id
+            canonical["das"]["problem_id"] = default_problem_id(named, request.prompt_token_ids)
         own = request.sampling_params
         own.extra_args = {k: v for k, v in own.extra_args.items() if not k.startswith(KEY)}
         own.extra_args[KEY] = canonical
         return request
 
-    process_inputs._vllm_rl_patched = True
     cls.process_inputs = process_inputs
+
+
+class FlagsAdmission(Patch, check=_check, apply=_apply):
+    """Flags read, checked and made canonical at admission (module docstring)."""
+
+    targets = (TARGET,)

@@ -16,11 +16,10 @@ then marks the tokens of each version) and returns the scheduler's report.
 """
 from __future__ import annotations
 
-from . import PatchMismatch
+from . import CHECKED, Patch, PatchMismatch
 
 _MODULE = "vllm.v1.engine.core"
 TARGET = f"{_MODULE}.EngineCore.vllm_rl_weight_sync"
-CHECKED = ("0.32.0", "0.33.0")
 _RESET = ("self", "reset_running_requests", "reset_connector")
 _LABEL = ("self", "weight_version")
 
@@ -31,7 +30,7 @@ def _target():
     return EngineCore
 
 
-def check(source=None) -> None:
+def _check(source=None) -> None:
     """Fail loudly if vLLM no longer has what the method calls: the installed vLLM, or
     ``source`` (a :class:`~vllm_rl.compat.source.SourceTree` of any release)."""
     from vllm_rl.compat.source import self_attrs_assigned
@@ -67,7 +66,13 @@ def vllm_rl_weight_sync(self, label: str | None = None) -> dict:
     return report
 
 
-def apply() -> None:
+def _apply() -> None:
     cls = _target()
     if getattr(cls, "vllm_rl_weight_sync", None) is None:
         cls.vllm_rl_weight_sync = vllm_rl_weight_sync
+
+
+class WeightSync(Patch, check=_check, apply=_apply):
+    """``EngineCore.vllm_rl_weight_sync`` added (module docstring)."""
+
+    targets = (TARGET,)
