@@ -168,7 +168,7 @@ def observe_output(state: Any, finish_reason: Any, stop_reason: Any,
 def _vllm_reason(finish_reason: int, stop_reason: Any) -> Reason | None:
     # vllm.v1.engine.FinishReason: STOP 0, LENGTH 1, ABORT 2, ERROR 3, REPETITION 4
     if finish_reason == 0:
-        return Reason.STOP if isinstance(stop_reason, str) else Reason.EOS
+        return Reason.EOS if stop_reason is None else Reason.STOP
     if finish_reason == 1:
         return Reason.LENGTH
     if finish_reason == 2:

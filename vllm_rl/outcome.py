@@ -36,8 +36,8 @@ RECORD_FIELD = "rollout_info"  # the record's field: CompletionOutput and OpenAI
 class Reason(str, enum.Enum):
     """Why a sample ended.  Values are stable strings (they cross the wire)."""
 
-    EOS = "eos"                          # the model ended it (EOS / stop token)
-    STOP = "stop"                        # a user stop string
+    EOS = "eos"                          # the model ended it (its EOS token)
+    STOP = "stop"                        # a user stop string or stop token (vLLM's stop_reason)
     LENGTH = "length"                    # max_tokens or max_model_len
     ABORT = "abort"                      # aborted by the client
     DARTS_CANCELLED = "darts_cancelled"  # its group had its M shortest (DARTS Alg. 2 l.12)
@@ -267,4 +267,4 @@ def _stock_reason(finish_reason: str | None, stop_reason: Any) -> Reason:
         return Reason.LENGTH
     if finish_reason == "abort":
         return Reason.ABORT
-    return Reason.STOP if isinstance(stop_reason, str) else Reason.EOS
+    return Reason.EOS if stop_reason is None else Reason.STOP
