@@ -43,7 +43,8 @@ class PatchConflict(RuntimeError):
 
 class Patch:
     """One patch of vLLM internals (module docstring).  Subclasses set ``targets`` and
-    give :meth:`check` and :meth:`_apply` (as class keywords, or as methods)."""
+    give ``check(source=None)`` and ``_apply()`` (as class keywords, or as methods);
+    :func:`all_patches` refuses a patch without them."""
 
     targets: ClassVar[tuple[str, ...]] = ()
     checked: ClassVar[tuple[str, ...]] = CHECKED
@@ -61,14 +62,6 @@ class Patch:
     @classmethod
     def name(cls) -> str:
         return cls.__name__
-
-    @classmethod
-    def check(cls, source=None) -> None:
-        raise NotImplementedError
-
-    @classmethod
-    def _apply(cls) -> None:
-        raise NotImplementedError
 
     @classmethod
     def apply(cls) -> None:
@@ -100,6 +93,10 @@ def all_patches() -> list[type[Patch]]:
         mod = importlib.import_module(f"{__name__}.{module}")
         found.extend(v for v in vars(mod).values() if isinstance(v, type)
                      and issubclass(v, Patch) and v is not Patch and v.__module__ == mod.__name__)
+    incomplete = [p.__name__ for p in found
+                  if not (callable(getattr(p, "check", None)) and callable(getattr(p, "_apply", None)))]
+    if incomplete:
+        raise TypeError(f"patches without check or apply: {incomplete}")
     _check_targets(found)
     return _ordered(found)
 
