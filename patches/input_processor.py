@@ -105,7 +105,10 @@ def _apply() -> None:
         if "das" in canonical and canonical["das"]["problem_id"] is None:
             named = None if flags.group is None or flags.group.id == group_id \
                 else flags.group.id
-            canonical["das"]["problem_id"] = default_problem_id(named, request.prompt_token_ids)
+            prompt = request.prompt_token_ids
+            if flags.partial is not None and flags.partial.prior_tokens and prompt:
+                prompt = prompt[:len(prompt) - flags.partial.prior_tokens]  # a continuation
+            canonical["das"]["problem_id"] = default_problem_id(named, prompt)
         own = request.sampling_params
         own.extra_args = {k: v for k, v in own.extra_args.items() if not k.startswith(KEY)}
         own.extra_args[KEY] = canonical

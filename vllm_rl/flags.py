@@ -239,12 +239,19 @@ class RLFlags:
     duet: DuetFlags | None = None
     das: DasFlags | None = None
     arrol: ArrolFlags | None = None
+    partial: PartialFlags | None = None
 
     def canonical(self) -> dict[str, Any]:
         """The canonical form: every section on, every field filled (what the front end
         writes into the request's params; :func:`read` of it gives these flags back)."""
-        return {name: asdict(section) for name in SECTIONS
-                if (section := getattr(self, name)) is not None}
+        out = {name: asdict(section) for name in SECTIONS
+               if (section := getattr(self, name)) is not None}
+        partial = out.get("partial")
+        if partial is not None:       # spans as lists again: JSON's form, read's input
+            for key in ("prior_versions", "group_ended"):
+                if partial[key] is not None:
+                    partial[key] = [list(pair) for pair in partial[key]]
+        return out
 
 
 @dataclass(frozen=True)
@@ -274,14 +281,56 @@ class ArrolFlags:
 ARROL_FIELDS = _fields(ArrolFlags)
 
 
-SECTIONS = ("group", "darts", "duet", "das", "arrol")
+@dataclass(frozen=True)
+class PartialFlags:
+    """Partial rollouts across steps (APRIL, Zhou et al. 2025: over-provision, end the
+    step once enough is complete, carry the rest into the next step).
+
+    The step's rule, on every request of a step (``step``, the trainer's step): the
+    engine ends the step once ``until_groups`` of its groups are complete (every member
+    ended; a sample without a group is a group of one), once its samples have generated
+    ``until_tokens`` tokens, or ``until_s`` seconds after its first request arrived,
+    whichever comes first (the last two once a group is complete).  Its samples still generating then end with reason
+    ``carried``, their tokens, logprobs and record returned; a sample already
+    ``max_staleness`` steps past its ``start_step`` ends ``stale`` instead (dropped).
+
+    A continuation (``prior_tokens`` > 0) is a carried sample sent again: its prompt is
+    the original prompt followed by its ``prior_tokens`` tokens so far (recomputed on
+    the engine's current weights), ``seed`` the original request's seed (its coins are
+    the uncarried sample's), ``prior_versions`` the weight-version spans of those tokens
+    (``[[v, i], ...]``), ``group_ended`` its group's members that will not arrive
+    (``[[length, valid], ...]``: ended in earlier steps, or dropped).  Every technique
+    counts the whole sample (``docs/ARCHITECTURE.md``, "Partial rollouts").
+    """
+
+    step: int | None = flag(int, lo=0, cite="the trainer step the request belongs to")
+    until_groups: int | None = flag(int, lo=1, hi=1 << 20,
+                                    cite="N of APRIL: complete groups that end the step")
+    until_tokens: int | None = flag(int, lo=1, cite="a share of the step's token budget")
+    until_s: float | None = flag(float, lo=0.0, cite="a time limit for the step")
+    max_staleness: int | None = flag(int, lo=0, hi=1 << 20,
+                                     cite="steps a sample may be carried (none: APRIL)")
+    start_step: int | None = flag(int, lo=0, cite="the step the sample started in")
+    prior_tokens: int = flag(int, 0, lo=0, hi=1 << 24, cite="tokens generated before")
+    seed: int | None = flag(int, cite="the original request's seed")
+    prior_versions: list | None = flag(list, cite="weight-version spans of the prior tokens")
+    group_ended: list | None = flag(list, cite="the group's members that will not arrive")
+
+    def continuation(self) -> bool:
+        return self.prior_tokens > 0
+
+
+PARTIAL_FIELDS = _fields(PartialFlags)
+
+
+SECTIONS = ("group", "darts", "duet", "das", "arrol", "partial")
 
 
 def schema() -> list[tuple[str, str, Any, str]]:
     """Every flag as declared: (``section.flag``, what it may be, its default, where its
     paper sets it); ``docs/flags.md``'s tables follow it (``tests/unit/test_flags.py``)."""
     sections = {"group": GroupFlags, "darts": DartsFlags, "duet": DuetFlags, "das": DasFlags,
-                "arrol": ArrolFlags}
+                "arrol": ArrolFlags, "partial": PartialFlags}
     return [(f"{name}.{k}", f.allowed(), f.default, f.cite)
             for name in SECTIONS for k, f in _fields(sections[name]).items()]
 
@@ -337,6 +386,36 @@ def _arrol(raw: dict[str, Any]) -> dict[str, Any]:
         raise FlagError("arrol.p_min", f"{a['p_min']} > arrol.p_max {a['p_max']}",
                         f"float in [0, {a['p_max']}] (p_min <= p_max)")
     return a
+
+
+def _pairs(path: str, value: Any, kinds: tuple[type, type]) -> tuple | None:
+    """A list of pairs (``[[a, b], ...]``), checked, as a tuple of tuples."""
+    if value is None:
+        return None
+    allowed = f"a list of [{kinds[0].__name__}, {kinds[1].__name__}] pairs"
+    out = []
+    for pair in value:
+        if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+                or not all(isinstance(x, k) and not (k is int and isinstance(x, bool))
+                           for x, k in zip(pair, kinds))):
+            raise FlagError(path, f"entry {pair!r}", allowed)
+        if pair[0] < 0 or (kinds[1] is int and pair[1] < 0):
+            raise FlagError(path, f"negative entry {pair!r}", allowed)
+        out.append(tuple(pair))
+    return tuple(out)
+
+
+def _partial(raw: dict[str, Any]) -> dict[str, Any]:
+    p = _section("partial", raw, PARTIAL_FIELDS)
+    versions = _pairs("partial.prior_versions", p["prior_versions"], (int, int))
+    if versions is not None and (not versions or versions[0][1] != 0 or any(
+            b[1] <= a[1] or b[1] >= p["prior_tokens"] for a, b in zip(versions, versions[1:]))):
+        raise FlagError("partial.prior_versions", f"spans {p['prior_versions']!r}",
+                        "spans [[v0, 0], [v1, i1], ...] with 0 < i1 < ... < prior_tokens")
+    _pairs("partial.group_ended", p["group_ended"], (int, bool))
+    if p["prior_tokens"] and p["start_step"] is None:
+        raise FlagError("partial.start_step", "missing", "the step a continuation started in")
+    return p
 
 
 def extract(extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -405,6 +484,12 @@ def normalize(raw: Any, n: int | None = None, default_group_id: str | None = Non
         out["das"] = _section("das", raw["das"], DAS_FIELDS)
     if raw.get("arrol") is not None:
         out["arrol"] = _arrol(raw["arrol"])
+    if raw.get("partial") is not None:
+        out["partial"] = _partial(raw["partial"])
+        if out["partial"]["prior_tokens"]:
+            # A continuation is never scored by ARRoL: a sample is scored once, at its
+            # l_detect-th token, in the part that reached it (its record keeps it).
+            out.pop("arrol", None)
     return out
 
 
@@ -413,12 +498,18 @@ def parse(canonical: dict[str, Any]) -> RLFlags:
     of :func:`read`)."""
     g, d, u = canonical.get("group"), canonical.get("darts"), canonical.get("duet")
     s, a = canonical.get("das"), canonical.get("arrol")
+    p = canonical.get("partial")
+    if p is not None:
+        p = dict(p, prior_versions=_pairs("partial.prior_versions", p.get("prior_versions"),
+                                          (int, int)),
+                 group_ended=_pairs("partial.group_ended", p.get("group_ended"), (int, bool)))
     return RLFlags(
         group=GroupFlags(**g) if g else None,
         darts=DartsFlags(**d) if d else None,
         duet=DuetFlags(**u) if u else None,
         das=DasFlags(**s) if s is not None else None,
         arrol=ArrolFlags(**a) if a is not None else None,
+        partial=PartialFlags(**p) if p is not None else None,
     )
 
 

@@ -44,11 +44,15 @@ class Reason(str, enum.Enum):
     DUET_TRIMMED = "duet_trimmed"        # its answer marker fired: ended, answer complete
     DUET_ABORTED = "duet_aborted"        # no marker by K2 + G and its coin said abort (Eq. 5)
     ARROL_PRUNED = "arrol_pruned"        # pruned at l_detect by its score and coin (ARRoL Eq. 2)
+    CARRIED = "carried"                  # its step ended first: to be continued next step
+    STALE = "stale"                      # carried past partial.max_staleness: dropped
 
     @property
     def early(self) -> bool:
-        """Ended by an RL technique before the model finished it."""
-        return self not in (Reason.EOS, Reason.STOP, Reason.LENGTH, Reason.ABORT)
+        """Ended by an RL technique before the model finished it (a carried sample is
+        not: it goes on in the next step)."""
+        return self not in (Reason.EOS, Reason.STOP, Reason.LENGTH, Reason.ABORT,
+                            Reason.CARRIED)
 
     @property
     def valid(self) -> bool:
@@ -88,6 +92,13 @@ class RolloutInfo:
     while it was in flight) also has ``weight_versions``: ``[[v0, 0], [v1, i1], ...]``,
     tokens ``[i_k, i_{k+1})`` sampled under version ``v_k``.  From ``i1`` on its KV was
     recomputed on the new weights; the tokens before ``i1`` came from the old policy.
+
+    With partial rollouts (``partial`` flags) a record covers the whole sample: a
+    continuation's ``length`` and ``weight_versions`` count the ``prior_tokens`` made in
+    earlier steps, ``start_step`` is the step it started in, ``step`` the one it ended
+    in, ``steps_crossed`` their difference.  A sample whose step ended first has reason
+    ``carried`` (its tokens so far returned, to be sent again as a continuation), one
+    carried past ``partial.max_staleness`` reason ``stale`` (dropped).
     """
 
     reason: Reason
@@ -125,6 +136,12 @@ class RolloutInfo:
     weight_version: int | None = None    # the engine's weight version of its first token
     weight_versions: list[list[int]] | None = None  # across weight syncs: [version, first
                                          # output-token index] per version, in order
+    step: int | None = None              # partial rollouts: the step it ended in (or was
+                                         # carried out of)
+    start_step: int | None = None        # partial rollouts: the step it started in
+    steps_crossed: int | None = None     # partial rollouts: step - start_step
+    prior_tokens: int | None = None      # partial rollouts: tokens made in earlier steps
+                                         # (the record's length counts them)
 
     def hidden_state(self):
         """The final-norm hidden state at ``l_detect`` (``arrol.return_hidden``) as a
@@ -217,7 +234,7 @@ _IN_PROCESS = frozenset({"hidden"})      # fields that never cross the wire
 # The ends after which a sample past DUET's gate is not DUET's kept tail: its own coin
 # aborted it, ARRoL's coin pruned it, the client aborted it (DARTS never cancels it).
 NOT_RUN_OUT = frozenset({Reason.DUET_ABORTED, Reason.ARROL_PRUNED, Reason.ABORT,
-                         Reason.DARTS_CANCELLED})
+                         Reason.DARTS_CANCELLED, Reason.STALE})
 
 
 def hidden_ids(infos: Sequence[RolloutInfo | None]) -> list[str]:

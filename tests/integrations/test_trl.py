@@ -349,3 +349,67 @@ def test_duet_allocator_sets_each_prompts_rollouts_and_weights(das_llm):
     expected = group_advantages(rewards, rows, [i // slots for i in range(len(rows))])
     assert advantages.tolist() == pytest.approx(expected, abs=1e-4)
     assert rollout.duet_allocation.observations(rollout.problem_id(prompts2[0])) >= 1
+
+
+def test_partial_rollouts_carry_the_tail_across_trl_steps(das_llm):
+    """APRIL through TRL: each step trains the groups that complete (some started in an
+    earlier step, their records whole), carries the rest; the buffer survives a restart
+    in a checkpoint, and a carried group whose prompt left the dataset ends with a
+    `stale` record per carried sample, never silently."""
+    import json
+
+    from vllm_rl.integrations.common.partial import PartialConfig
+    from vllm_rl.outcome import RolloutInfo
+    from vllm_rl.integrations.trl.rollout import RolloutFunc
+    from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
+    from vllm_rl.task import train_prompts
+
+    m = 4
+    steps = []
+
+    class Checked(RolloutFunc):
+        def __call__(self, prompts, trainer):
+            result = super().__call__(prompts, trainer)
+            steps.append((self.last, self.buffer.samples(), dict(trainer.diagnostics)))
+            for ids, lps, record in zip(result["completion_ids"], result["logprobs"],
+                                        result["vllm_rl_record"]):
+                assert len(ids) == len(lps)
+                if record:
+                    info = RolloutInfo.decode(record)
+                    assert info.reason is not Reason.CARRIED
+                    assert info.length == len(ids), "the record covers the whole sample"
+            return result
+
+    rollout = Checked(das_llm, {}, max_tokens=96, seed=5, partial=PartialConfig(over=2.0))
+    trainer = _grpo_trainer(RLGRPOTrainer, rollout, train_prompts(16), "partial", steps=3,
+                            batch=4 * m, max_tokens=96, m=m)
+    try:
+        trainer.train()
+    finally:
+        das_llm.load_weights(_initial_state())
+    assert len(steps) == 3
+    assert sum(carried for _, carried, _ in steps) > 0, "no sample was ever carried"
+    for last, _, _ in steps:
+        assert last.prompts and all(len(g) == m for g in last.infos)
+    crossed = [i for last, _, _ in steps for g in last.infos for i in g if i.steps_crossed]
+    assert crossed, "no carried sample finished in a later step"
+    for info in crossed:
+        assert info.prior_tokens and info.start_step < info.step
+    assert "staleness_mean" in trainer.diagnostics
+
+    # A restart: the buffer goes into a checkpoint as JSON and comes back.
+    state = json.loads(json.dumps(rollout.buffer.state_dict()))
+    carried = sum(len(g["carried"]) for g in state["groups"])
+    if carried:
+        resumed = RolloutFunc(das_llm, {}, max_tokens=96, seed=6, partial=True,
+                              sync_weights=False)
+        resumed.buffer.load_state_dict(state)
+        resumed.prepare([p for p in train_prompts(16)[:2] for _ in range(m)], trainer)
+        back = [i for g in resumed.last.infos for i in g if i.prior_tokens]
+        assert back or resumed.buffer.samples(), "the restored samples went nowhere"
+        gone = RolloutFunc(das_llm, {}, max_tokens=96, seed=7, partial=True,
+                           sync_weights=False, keep_prompt=lambda prompt: False)
+        gone.buffer.load_state_dict(state)
+        gone.prepare([p for p in train_prompts(16)[:1] for _ in range(m)], trainer)
+        stale = [i for g in gone.last.infos for i in g if i.reason is Reason.STALE]
+        assert len(stale) == carried and all(i.weight == 0.0 for i in stale)

@@ -19,7 +19,12 @@ One place for the flags of ``stock``, each technique alone and the default combi
 * ``arrol``: ARRoL at ``l_detect`` with ``return_hidden`` (the trainer fits the head);
 * ``das+duet+arrol``: the three per-step techniques in one request (no redundant
   samples);
-* ``all``: the four in one request, composed by the rule of ``docs/ARCHITECTURE.md``.
+* ``all``: the four in one request, composed by the rule of ``docs/ARCHITECTURE.md``;
+* ``partial`` (with any of them: ``all+partial``): APRIL's partial rollouts across steps,
+  a trainer-side setting (:class:`vllm_rl.integrations.common.partial.PartialConfig`,
+  its defaults; ``partial:tis`` corrects the loss with truncated importance sampling,
+  ``partial:cap1`` caps the staleness at one step), no flag section of its own beyond
+  the step's rule.
 
 Each configuration runs on the engine a user would build for it (:func:`engine_kind`):
 stock vLLM for ``stock``, the RL engine without the DAS drafter where no DAS flags are
@@ -30,6 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 TECHNIQUES = ("darts", "duet", "das", "arrol")
+PARTIAL = "partial"          # trainer side: APRIL's partial rollouts (bench train)
 PER_STEP = "das+duet+arrol"
 CONFIGS = ("stock", *TECHNIQUES, PER_STEP, "all")
 # DUET's answer marker for the embedded task: its completions end "\boxed{ N }" and EOS,
@@ -57,7 +63,18 @@ def technique_flags(name: str, max_tokens: int, l_detect: int = 24,
     }
     if not techniques:
         return None
-    return {k: v for s in techniques for k, v in sections[s].items()}
+    return {k: v for s in techniques if s != PARTIAL for k, v in sections[s].items()}
+
+
+def partial_setting(name: str) -> dict[str, Any] | None:
+    """Configuration ``name``'s partial-rollout setting (``PartialConfig``'s fields), or
+    None without ``partial``."""
+    techniques, options = parse(name)
+    if PARTIAL not in techniques:
+        return None
+    opts = options.get(PARTIAL, ())
+    return {**({"loss": "tis"} if "tis" in opts else {}),
+            **({"max_staleness": 1} if "cap1" in opts else {})}
 
 
 # The project's options on a technique, named in a configuration as ``technique:option``
@@ -65,7 +82,8 @@ def technique_flags(name: str, max_tokens: int, l_detect: int = 24,
 # darts:guard: DartsPlanner(guard=True); das:class: Sec. 4.2.3's length classes;
 # duet:eps1: eps = 1, the gate keeps every sample (DUET's trim alone: an ablation);
 # duet:gate: the gate without the allocator (every prompt M; bench train's RolloutFunc).
-OPTIONS = {"darts": ("guard",), "das": ("class",), "duet": ("eps1", "gate")}
+OPTIONS = {"darts": ("guard",), "das": ("class",), "duet": ("eps1", "gate"),
+           PARTIAL: ("tis", "cap1")}
 
 
 def parse(name: str) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
@@ -79,9 +97,12 @@ def parse(name: str) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
     techniques, options = [], {}
     for part in parts:
         tech, *opts = part.split(":")
-        if tech not in TECHNIQUES or tech in techniques:
+        if tech == "all" and name != "all":
+            techniques += [t for t in TECHNIQUES if t not in techniques]
+            continue
+        if tech not in TECHNIQUES + (PARTIAL,) or tech in techniques:
             raise ValueError(f"unknown configuration {name!r}: {part!r} is not one of "
-                             f"{list(TECHNIQUES)} (or named twice)")
+                             f"{list(TECHNIQUES) + [PARTIAL]} (or named twice)")
         bad = [o for o in opts if o not in OPTIONS.get(tech, ())]
         if bad:
             raise ValueError(f"configuration {name!r}: {tech} has no option {bad[0]!r} "
@@ -111,5 +132,5 @@ def engine_kind(name: str) -> str:
     return "das" if "das" in parse(name)[0] else "rl"
 
 
-__all__ = ["CONFIGS", "OPTIONS", "PER_STEP", "is_config", "parse", "TASK_MARKER", "TECHNIQUES", "duet_grace", "engine_kind",
+__all__ = ["CONFIGS", "OPTIONS", "PARTIAL", "PER_STEP", "partial_setting", "is_config", "parse", "TASK_MARKER", "TECHNIQUES", "duet_grace", "engine_kind",
            "technique_flags"]

@@ -21,7 +21,12 @@ engine every step), one run per (configuration, seed), every run from the same m
   ends, head fitted over the buffer, trace features, the cold start, then the gate:
   Eq. 2's steering against random pruning at the same keep rate);
 * ``all``: the four together under the composition rule (``docs/ARCHITECTURE.md``), and
-  any ``+``-combination (``das+darts``).
+  any ``+``-combination (``das+darts``);
+* ``partial``: APRIL's partial rollouts across steps (with any configuration:
+  ``all+partial``; :class:`~vllm_rl.integrations.common.partial.PartialConfig`'s
+  defaults, ``partial:tis`` and ``partial:cap1`` its options): each step launches its
+  prompts beside the groups carried from earlier steps, trains on the groups complete
+  once half of those launched are, and carries the rest.
 
 **Equal rollout time.**  Stock trains ``--steps`` steps; every other configuration
 trains until its projected rollout time, host counted, reaches stock's for the same seed
@@ -204,6 +209,7 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
     from vllm_rl.cost import load_cost
     from vllm_rl.engine.trace import engine_trace
     from vllm_rl.arrol.controller import ArrolFeedback
+    from vllm_rl.bench.matrix import partial_setting
     from vllm_rl.integrations.trl.rollout import RolloutFunc, masked_reward
     from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
     from vllm_rl.outcome import Reason
@@ -232,7 +238,8 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
     rollout = RolloutFunc(llm, flags, max_tokens=args.max_tokens, seed=seed,
                           problem_id=lambda p: p, arrol_feedback=feedback, planner=planner,
                           reward=reward if feedback is not None else None,
-                          duet_allocation=None if gate_only else "auto")
+                          duet_allocation=None if gate_only else "auto",
+                          partial=partial_setting(name))
     max_steps = args.steps if budget_s is None else (args.max_steps or 3 * args.steps)
     cost = load_cost(args.cost)
     trace = engine_trace(llm)
@@ -263,6 +270,8 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
                    "engine_steps": len(trace.since(state["mark"])),
                    "tokens": last.generated_tokens, "samples": len(rows),
                    "redundant": sum(last.redundant), "rollout_cpu_s": last.wall_s,
+                   "groups": len(last.prompts), "carried": last.carried,
+                   **{f"partial_{k}": v for k, v in last.staleness.items()},
                    "length": last.generated_tokens / max(len(rows), 1),
                    "ended": {r.value: sum(i.reason is r for _, i, _ in rows) for r in Reason
                              if any(i.reason is r for _, i, _ in rows)},

@@ -136,7 +136,8 @@ class RequestBook:
         params = getattr(cached, "sampling_params", None)
         flags = _das_flags(getattr(params, "extra_args", None), rid)
         if flags is not None and flags.das is not None:
-            st = self._start(flags.das, params, cached, batch, i)
+            prior = flags.partial.prior_tokens if flags.partial is not None else 0
+            st = self._start(flags.das, params, cached, batch, i, prior)
             if flags.arrol is not None and self._asynchronous:
                 self.slots.hold[st.slot] = flags.arrol.l_detect
             self._slot_of[rid] = st.slot
@@ -144,13 +145,19 @@ class RequestBook:
         self.requests[rid] = st
         self._owner[rid] = cached
 
-    def _start(self, flags: DasFlags, params, cached, batch, i) -> RequestState:
+    def _start(self, flags: DasFlags, params, cached, batch, i, prior: int = 0) -> RequestState:
+        """A new rollout.  A continuation (partial rollouts) ends its prompt with its
+        ``prior`` tokens from earlier steps: its rollout in the tree, its length and its
+        length class are the whole sample's."""
         prompt = cached.prompt_token_ids or []
         n_prompt = len(prompt) if prompt or batch is None else int(batch.num_prompt_tokens[i])
-        problem = flags.problem_id or default_problem_id(None, prompt)
-        tail = list(prompt[max(0, n_prompt - self.cfg.prompt_tail):n_prompt])
+        n_original = n_prompt - prior
+        problem = flags.problem_id or default_problem_id(None, prompt[:n_original])
+        tail = list(prompt[max(0, n_original - self.cfg.prompt_tail):n_original])
         seq = self.store.start(problem, tail)
-        max_tokens = params.max_tokens or (self.max_model_len - n_prompt)
+        if prior:
+            self.store.extend(problem, seq, list(prompt[n_original:n_prompt]))
+        max_tokens = prior + (params.max_tokens or (self.max_model_len - n_prompt))
         b = self.cfg.budget if flags.budget is None else min(flags.budget, self.cfg.budget)
         init = self.classes.initial(self.store.lengths(problem), max_tokens)
         stop_ids = set(params.all_stop_token_ids or ())
@@ -165,6 +172,7 @@ class RequestBook:
             slot=slot, slots=S, init_class=init, stop_ids=frozenset(stop_ids),
             budget_policy=name)
         S.seq[slot], S.max_tokens[slot], S.budget[slot] = seq, max_tokens, b
+        S.generated[slot] = prior
         S.policy[slot] = POLICY_CODES.get(name, FIXED)
         S.rank[slot] = policy.CLASSES.index(init)
         S.class_budget[slot] = self.classes.budget(init, b)

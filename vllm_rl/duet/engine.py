@@ -62,9 +62,11 @@ class DuetEngine:
 
     # ------------------------------------------------------------------ per request
     def admit(self, flags: DuetFlags, max_tokens: int, seed: int | None,
-              prompt_token_ids, request_id: str) -> DuetState:
+              prompt_token_ids, request_id: str, prior=()) -> DuetState:
         """The sample's state at admission (its prompt is read only for a code marker's
-        opening fence, once)."""
+        opening fence, once).  ``prior``: a continuation's tokens from earlier steps
+        (partial rollouts), fed to its detector once, here: the marker, the poll and the
+        gate count the whole sample (the scheduler passes whole-sample token counts)."""
         kind = kind_of(flags)
         online = self.thresholds.setdefault(kind, OnlineThresholds())
         cold_k1, cold_k2 = online.thresholds(max_tokens)
@@ -74,11 +76,13 @@ class DuetEngine:
             prompt = b"".join([table[t] for t in prompt_token_ids])
             fence = markers.opening_fence(prompt.decode("utf-8", "replace"))
         self.live[kind] = self.live.get(kind, 0) + 1
+        detector = markers.marker(flags.marker, flags.pattern, fence)
+        fired = bool(prior) and detector.prime(table, prior)
         return DuetState(
-            flags=flags, detector=markers.marker(flags.marker, flags.pattern, fence),
+            flags=flags, detector=detector,
             k1=cold_k1 if flags.k1 is None else flags.k1,
             k2=cold_k2 if flags.k2 is None else flags.k2,
-            coin=rule.seeded_coin(seed, prompt_token_ids, request_id))
+            coin=rule.seeded_coin(seed, prompt_token_ids, request_id), prior_fired=fired)
 
     def step(self, state: DuetState, num_tokens: int, tokens) -> Reason | None:
         """The sample's DUET end after this step, if any (trimmed at its marker, or

@@ -123,6 +123,13 @@ class Marker(abc.ABC):
         """Whether the marker has fired in ``tokens`` (the sample's output token ids so
         far; ``table``: token id -> bytes)."""
 
+    def prime(self, table: list[bytes], prior) -> bool:
+        """A continuation (partial rollouts): the sample's tokens from earlier steps,
+        which precede ``tokens`` in every later :meth:`poll`; whether the marker fired in
+        them.  A detector that reads a window of the latest tokens reads only the
+        continuation's."""
+        return False
+
 
 class ByteMarker(Marker):
     """An incremental detector: :meth:`poll` feeds the tokens generated since the last
@@ -137,6 +144,10 @@ class ByteMarker(Marker):
         new = tokens[self.fed:]
         self.fed += len(new)
         return self.feed(b"".join([table[t] for t in new]))
+
+    def prime(self, table: list[bytes], prior) -> bool:
+        return self.feed(b"".join([table[t] for t in prior]))   # fed stays 0: ``tokens``
+                                                                 # are the continuation's
 
     @abc.abstractmethod
     def feed(self, data: bytes) -> bool:

@@ -61,6 +61,8 @@ class DuetState:
     marker_pos: int | None = None     # tokens generated when the marker was seen
     keep_decided: bool = False        # the gate has been reached (l.24)
     next_check: int = 0               # tokens at which step() next has something to do
+    prior_fired: bool = False         # a continuation whose earlier tokens hold the marker
+                                      # (not polled before its step ended): its next poll fires
 
     def __post_init__(self) -> None:
         if self.eps < 0:
@@ -107,7 +109,7 @@ def step(state: DuetState, num_tokens: int, tokens, table: list[bytes]) -> Actio
     action = None
     if num_tokens >= state.k1 and num_tokens >= state.next_poll:
         state.next_poll = num_tokens - num_tokens % f.poll + f.poll
-        if state.detector.poll(table, tokens):
+        if state.detector.poll(table, tokens) or state.prior_fired:
             state.marker_pos = num_tokens
             action = Action.TRIM
     if action is None and num_tokens >= state.k2 + f.grace:

@@ -35,6 +35,17 @@ class Member:
     weight_version: int = 0     # the engine's weight version of its first token
     # weight syncs it ran across: (new version, output-token index where it began)
     version_starts: list[tuple[int, int]] = field(default_factory=list)
+    prior: int = 0              # partial rollouts: tokens made in earlier steps (a
+                                # continuation's prompt ends with them)
+    carried: bool = False       # partial rollouts: its step ended first
+
+    def __post_init__(self) -> None:
+        if self.flags.partial is not None:
+            self.prior = self.flags.partial.prior_tokens
+
+    def length(self, num_output_tokens: int) -> int:
+        """The whole sample's length: this part's tokens and those before it."""
+        return self.prior + num_output_tokens
 
 
 @dataclass
@@ -48,10 +59,16 @@ class GroupState:
     finished: list[tuple[int, int]] = field(default_factory=list)  # valid: (length, rank)
     stopped: bool = False     # early stop fired: every live member is to be cancelled
     full_at_step: int | None = None   # engine step at which the M-th valid sample ended
+    carried: int = 0          # members carried into the next step (partial rollouts)
 
     @property
     def complete(self) -> bool:
         return self.left >= self.flags.redundant and not self.live
+
+    @property
+    def done(self) -> bool:
+        """Complete with no member carried: every sample has its end."""
+        return self.complete and not self.carried
 
 
 class GroupRegistry:
@@ -64,6 +81,9 @@ class GroupRegistry:
         state = self.groups.get(g.id)
         if state is None or state.arrived >= state.flags.redundant:
             state = self.groups[g.id] = GroupState(flags=g)
+            partial = member.flags.partial
+            if partial is not None and partial.group_ended:
+                _ended_before(state, partial.group_ended)
         state.live[member.request_id] = member
         state.arrived += 1
         member.group = state
@@ -91,3 +111,15 @@ class GroupRegistry:
 
     def __len__(self) -> int:
         return len(self.groups)
+
+
+def _ended_before(state: GroupState, ended: tuple[tuple[int, bool], ...]) -> None:
+    """A group continued from an earlier step: its members that ended there (or were
+    dropped) arrived, ended and left, in the order given (their finish ranks)."""
+    for length, valid in ended:
+        state.arrived += 1
+        state.left += 1
+        state.ended += 1
+        if valid:
+            state.valid += 1
+            state.finished.append((length, state.ended))

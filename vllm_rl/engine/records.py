@@ -6,7 +6,8 @@ fields (:func:`vllm_rl.das.engine.fields`, :func:`vllm_rl.arrol.engine.fields`,
 :meth:`vllm_rl.duet.engine.DuetEngine.fields`) and the weight is composed here:
 
 * 0 for a sample that leaves the training group (cancelled by DARTS, pruned by ARRoL,
-  aborted at DUET's gate);
+  aborted at DUET's gate, dropped past the staleness cap) and for a carried part (its
+  sample's weight is its continuation's);
 * 1/eps for one DUET's coin kept past the gate (Eq. 6), else 1.
 
 The record goes into the request's ``stop_reason`` (``"vllm_rl:{json}"``), which vLLM
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 def weight(member: "Member", reason: Reason) -> float:
     """The sample's importance weight in the loss (see the module docstring)."""
-    if reason in (Reason.DARTS_CANCELLED, Reason.ARROL_PRUNED):
+    if reason in (Reason.DARTS_CANCELLED, Reason.ARROL_PRUNED, Reason.CARRIED, Reason.STALE):
         return 0.0
     if member.duet is not None:
         return DuetEngine.weight(member.duet, reason)
@@ -48,9 +49,12 @@ def write(request: "Request", member: "Member", reason: Reason) -> None:
         fields.update(arrol.fields(member.arrol, reason))
     if member.duet is not None:
         fields.update(DuetEngine.fields(member.duet))
+    if member.flags.partial is not None:
+        fields.update(partial_fields(member))
     group = member.group
     request.stop_reason = RolloutInfo(
-        reason=reason, length=request.num_output_tokens, weight=weight(member, reason),
+        reason=reason, length=member.length(request.num_output_tokens),
+        weight=weight(member, reason),
         group_id=group.flags.id if group is not None else None,
         finish_rank=member.finish_rank,
         stop=request.stop_reason if reason in (Reason.EOS, Reason.STOP) else None,
@@ -59,11 +63,32 @@ def write(request: "Request", member: "Member", reason: Reason) -> None:
 
 def version_fields(member: "Member") -> dict:
     """The weight version of the sample's first token; where it ran across weight syncs,
-    each version and the output-token index where it began."""
-    if not member.version_starts:
-        return {"weight_version": member.weight_version}
+    each version and the output-token index where it began.  A continuation's spans
+    cover the whole sample: the earlier steps' (``partial.prior_versions``), then this
+    part's from token ``prior`` on."""
     spans = [[member.weight_version, 0]] + [[v, i] for v, i in member.version_starts]
-    return {"weight_version": member.weight_version, "weight_versions": spans}
+    partial = member.flags.partial
+    if member.prior and partial is not None:
+        spans = [[v, i + member.prior] for v, i in spans]
+        prior = [list(pair) for pair in partial.prior_versions or ()]
+        if prior and prior[-1][0] == spans[0][0]:
+            spans = prior + spans[1:]            # the same version on both sides
+        else:
+            spans = prior + spans
+    if len(spans) == 1:
+        return {"weight_version": spans[0][0]}
+    return {"weight_version": spans[0][0], "weight_versions": spans}
 
 
-__all__ = ["version_fields", "weight", "write"]
+def partial_fields(member: "Member") -> dict:
+    """Partial rollouts: the step the sample ends in, the step it started in, how many
+    steps it crossed, and the tokens made before this part."""
+    p = member.flags.partial
+    if p.step is None:
+        return {"prior_tokens": member.prior or None}
+    start = p.step if p.start_step is None else p.start_step
+    return {"step": p.step, "start_step": start, "steps_crossed": p.step - start,
+            "prior_tokens": member.prior or None}
+
+
+__all__ = ["partial_fields", "version_fields", "weight", "write"]

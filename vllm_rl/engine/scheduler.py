@@ -59,6 +59,7 @@ from vllm_rl.das.config import DASConfig
 from vllm_rl.duet.engine import DuetEngine
 from vllm_rl.engine import records
 from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
+from vllm_rl.engine.steps import StepBook, stale
 from vllm_rl.engine.trace import TraceMixin
 from vllm_rl.flags import KEY, read_or_warn
 from vllm_rl import step_output
@@ -87,6 +88,7 @@ class RLSchedulerMixin(TraceMixin):
         self.rl_das_drafting = True         # async: the drafter's last decision drafts
         self._stopped_groups: list[GroupState] = []
         self._watched: dict[str, GroupState] = {}   # M valid ended, shortest not yet known
+        self.rl_steps = StepBook()          # partial rollouts: each trainer step's rule
         self.rl_step = 0
         # Early-stop groups whose M shortest became known (stopped, or every member had
         # ended by then), and the steps they ran past their M-th valid end: the price
@@ -113,6 +115,9 @@ class RLSchedulerMixin(TraceMixin):
                     member.das = das.admit(self.rl_das_quiet)
                 if member.flags.group is not None:
                     self.rl_groups.join(member)
+                    self._watch(member)     # a continued group may know M valid already
+                if member.flags.partial is not None and member.flags.partial.step is not None:
+                    self.rl_steps.join(member)
         super().add_request(request)
 
     def _admit(self, request: Request, extra_args: dict) -> Member | None:
@@ -131,10 +136,18 @@ class RLSchedulerMixin(TraceMixin):
                                  if not (isinstance(k, str) and k.startswith(KEY))} or None
             return None
         member = Member(request.request_id, flags, weight_version=self.rl_weight_version)
+        prompt, seed = request.prompt_token_ids, request.sampling_params.seed
+        partial = flags.partial
+        if partial is not None and partial.prior_tokens:
+            # A continuation: its prompt is the original one and the tokens so far
+            # (Member.prior); its techniques count the whole sample, its coins are the
+            # uncarried sample's.
+            seed = partial.seed
         if flags.duet is not None:
+            original = prompt if not member.prior else prompt[:len(prompt) - member.prior]
             member.duet = self.duet.admit(
-                flags.duet, request.max_tokens, request.sampling_params.seed,
-                request.prompt_token_ids, request.request_id)
+                flags.duet, request.max_tokens + member.prior, seed, original,
+                request.request_id, prior=prompt[len(original):])
         if flags.arrol is not None:
             member.arrol = arrol.ArrolSample(request.request_id)
         return member
@@ -183,6 +196,8 @@ class RLSchedulerMixin(TraceMixin):
             self._check_watched()
         if self._stopped_groups:
             self._cancel_stopped_groups(outputs)
+        if self.rl_steps:
+            self._end_steps(outputs)
         return outputs
 
     def _apply_rules(self, scheduled: dict, outputs: dict[int, EngineCoreOutputs]) -> None:
@@ -206,8 +221,9 @@ class RLSchedulerMixin(TraceMixin):
             elif member.arrol is not None and member.arrol.pending:
                 member.arrol.pending = False
                 self._record_end(request, member, Reason.ARROL_PRUNED)
-            elif state is not None and request.num_output_tokens >= state.next_check:
-                reason = self.duet.step(state, request.num_output_tokens,
+            elif (state is not None
+                  and request.num_output_tokens + member.prior >= state.next_check):
+                reason = self.duet.step(state, request.num_output_tokens + member.prior,
                                         request.output_token_ids)
                 if reason is None:
                     continue
@@ -263,7 +279,7 @@ class RLSchedulerMixin(TraceMixin):
             for m in group.live.values():
                 if m.finish_rank is None and not _tail(m):
                     req = self.requests.get(m.request_id)
-                    live.append(req.num_output_tokens if req is not None else 0)
+                    live.append(m.length(req.num_output_tokens if req is not None else 0))
             missing = max(0, group.flags.redundant - group.arrived)
             if darts.selection_final(group.finished, group.flags.size, live, missing):
                 del self._watched[gid]
@@ -289,6 +305,10 @@ class RLSchedulerMixin(TraceMixin):
             self.rl_groups.leave(member)
             if member.duet is not None:
                 self.duet.leave(member.duet)
+            if member.flags.partial is not None and member.flags.partial.step is not None:
+                group = member.group
+                done = group.done if group is not None else not member.carried
+                self.rl_steps.leave(member, request.num_output_tokens, int(done))
         return super()._free_request(request, delay_free_blocks)
 
     # ------------------------------------------------------------------ weight syncs
@@ -346,26 +366,54 @@ class RLSchedulerMixin(TraceMixin):
         group = member.group
         if group is not None:
             self.rl_groups.record_end(member, reason.valid and not _tail(member),
-                                      request.num_output_tokens)
-            rl = member.flags
-            if (not group.stopped and group.full_at_step is None
-                    and darts.watches(rl.darts, rl.group, group.valid)):
-                group.full_at_step = self.rl_step
-                self._watched[group.flags.id] = group
+                                      member.length(request.num_output_tokens))
+            self._watch(member)
         if member.duet is not None:
-            self.duet.observe(member.duet, reason, request.num_output_tokens,
+            self.duet.observe(member.duet, reason, member.length(request.num_output_tokens),
                               arrol.survival_weight(member.arrol))
         if reason is Reason.ARROL_PRUNED:
             self.rl_stats["arrol_pruned"] += 1
         records.write(request, member, reason)
 
+    def _watch(self, member: Member) -> None:
+        """Watch ``member``'s DARTS group from its M-th valid end on (its M shortest may
+        be known at any later step)."""
+        group, rl = member.group, member.flags
+        if (not group.stopped and group.full_at_step is None
+                and darts.watches(rl.darts, rl.group, group.valid)):
+            group.full_at_step = self.rl_step
+            self._watched[group.flags.id] = group
+
     def _write_cancelled(self, request: Request, member: Member) -> None:
         """A member of an early-stopped group: cancelled (DARTS Alg. 2 l.12)."""
         member.ended = True
         if member.duet is not None:
-            self.duet.observe(member.duet, Reason.DARTS_CANCELLED, request.num_output_tokens,
+            self.duet.observe(member.duet, Reason.DARTS_CANCELLED,
+                              member.length(request.num_output_tokens),
                               arrol.survival_weight(member.arrol))
         records.write(request, member, Reason.DARTS_CANCELLED)
+
+    def _end_steps(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        """Partial rollouts: the samples of each step whose rule now holds
+        (:mod:`vllm_rl.engine.steps`) end now, ``carried`` (their group is not complete:
+        it goes on in the next step, DUET's window sees the sample when it ends there),
+        or ``stale`` past ``max_staleness`` (dropped: an end like a cancellation)."""
+        ends: list[str] = []
+        for state in self.rl_steps.due(self.requests):
+            for rid, member in state.live.items():
+                request = self.requests.get(rid)
+                if member.ended or request is None or request.is_finished():
+                    continue
+                if stale(member):
+                    self._record_end(request, member, Reason.STALE)
+                else:
+                    member.ended = member.carried = True
+                    if member.group is not None:
+                        member.group.carried += 1
+                    records.write(request, member, Reason.CARRIED)
+                ends.append(rid)
+        if ends:
+            self._finish_now(ends, outputs)
 
     def _cancel_stopped_groups(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         """Finish the live members of early-stopped groups now and free their blocks."""

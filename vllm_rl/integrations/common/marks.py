@@ -23,7 +23,10 @@ subtract and divide by).  The rules, by technique and under the composition rule
 * **ARRoL** (Alg. 1 l.6): a pruned rollout is filtered out before rewards and
   advantages: in neither;
 * a sample aborted by the client or the framework (reason ``abort``, or flags and no
-  record: aborted before its first token): in neither.
+  record: aborted before its first token): in neither;
+* partial rollouts: a sample dropped past the staleness cap (``stale``) is in neither
+  (the cap's price: the long samples it drops leave the baseline, ``docs/ARCHITECTURE.md``),
+  and a ``carried`` part is not a sample yet (its group trains once it completes).
 """
 from __future__ import annotations
 
@@ -101,7 +104,7 @@ def training_marks(infos: Sequence[RolloutInfo | None],
             marks.append(TrainingMark(keep=not f, weight=0.0 if f else 1.0, baseline=not f))
             continue
         reason = info.reason
-        if reason is Reason.ABORT:
+        if reason in (Reason.ABORT, Reason.STALE, Reason.CARRIED):
             marks.append(TrainingMark(False, 0.0, False, replace(info, weight=0.0)))
             continue
         weight = float(info.weight)

@@ -45,7 +45,10 @@ from typing import Any, Callable, Sequence
 from vllm import SamplingParams
 
 from vllm_rl.integrations.common.marks import TrainingMark, training_marks
-from vllm_rl.outcome import RolloutInfo
+from vllm_rl.integrations.common.partial import (CarriedGroup, CarryBuffer, Part,
+                                                 PartialConfig, continuation, merge,
+                                                 staleness)
+from vllm_rl.outcome import Reason, RolloutInfo
 
 RECORD = "vllm_rl_record"
 WEIGHT = "vllm_rl_weight"
@@ -66,8 +69,11 @@ class Rollout:
     texts: list[list[str]] = field(default_factory=list)
     redundant: list[int] = field(default_factory=list)               # M′ per prompt
     flags: list[dict | None] = field(default_factory=list)           # the flags it ran with
+    rows: list[Any] = field(default_factory=list)                    # the trainer's input rows
     generated_tokens: int = 0
     wall_s: float = 0.0
+    carried: int = 0                # partial rollouts: samples carried out of this step
+    staleness: dict[str, float] = field(default_factory=dict)   # of the groups it returns
 
 
 class RolloutFunc:
@@ -84,7 +90,9 @@ class RolloutFunc:
                  problem_id: Callable[[str], str] = default_problem_id,
                  sync_weights: bool = True, planner=None, arrol_feedback=None,
                  reward: Callable[[str, str], float] | None = None,
-                 duet_allocation: Any = "auto", duet_budget: float = 1.0) -> None:
+                 duet_allocation: Any = "auto", duet_budget: float = 1.0,
+                 partial: PartialConfig | dict | bool | None = None,
+                 keep_prompt: Callable[[Any], bool] | None = None) -> None:
         self.llm, self.flags = llm, copy.deepcopy(flags) if flags else None
         self.redundant, self.max_tokens, self.temperature = redundant, max_tokens, temperature
         self.seed, self.problem_id, self.sync_weights = seed, problem_id, sync_weights
@@ -95,9 +103,12 @@ class RolloutFunc:
         self.duet_allocation, self.duet_budget = duet_allocation, float(duet_budget)
         self._seen: set = set()                 # prompt ids allocated so far (DUET's epoch)
         self._strata: dict = {}                 # this step's s_pre per prompt id (DUET)
+        self.partial = PartialConfig.of(partial)
+        self.buffer = CarryBuffer()
+        self.keep_prompt = keep_prompt          # a carried group's prompt still in the data?
         self.loaded_step: int | None = None
         self.calls = 0
-        self._outs: list = []
+        self._groups: list[tuple[list[int], list[Part]]] = []   # per prompt: ids, samples
         self._logprob_sums: list[float] = []
         self._prepared: tuple[list, dict] | None = None   # (prompts, rows): prepare()'s
         self.last = Rollout()
@@ -165,8 +176,8 @@ class RolloutFunc:
         if n is None:
             n = plan.n if plan is not None else max(self.redundant or m, m)
         extra = None
-        if self.flags is not None:
-            flags = copy.deepcopy(self.flags)
+        if self.flags is not None or self.partial is not None:
+            flags = copy.deepcopy(self.flags or {})
             flags.setdefault("group", {})["size"] = min(m, n)
             if plan is not None and plan.off:               # M' = M: DARTS off here
                 del flags["darts"]
@@ -207,13 +218,16 @@ class RolloutFunc:
         result, self._prepared = self._prepared[1], None
         return result
 
-    def prepare(self, prompts: Sequence[Any], trainer, multiple: int = 1) -> int:
+    def prepare(self, prompts: Sequence[Any], trainer, multiple: int = 1,
+                rows: Sequence[Any] | None = None) -> int:
         """Generate the step for ``prompts`` (each prompt M times in a row, as TRL hands
-        them) and return the slots per prompt its groups need (:meth:`slots`, raised so
-        that the batch divides into ``multiple`` equal parts); the next call with each
-        prompt repeated that many times returns the rows
-        (:class:`~vllm_rl.integrations.trl.trainer.RLGRPOTrainer` does both)."""
-        slots = self.slots(self._generate(prompts, trainer))
+        them; ``rows``: TRL's input rows beside them) and return the slots per prompt its
+        groups need (:meth:`slots`, raised so that the batch divides into ``multiple``
+        equal parts); the next call with each prompt repeated that many times returns
+        the rows (:class:`~vllm_rl.integrations.trl.trainer.RLGRPOTrainer` does both).
+        With partial rollouts the step's groups are those complete (some started in
+        earlier steps): :meth:`inputs` gives TRL's rows for them."""
+        slots = self.slots(self._generate(prompts, trainer, rows))
         while (len(self.last.prompts) * slots) % max(multiple, 1):
             slots += 1
         self._prepared = ([p for p in self.last.prompts for _ in range(slots)],
@@ -234,17 +248,25 @@ class RolloutFunc:
         return max([m] + [sum(mk.keep or mk.baseline for mk in marks)
                           for marks in self.last.marks])
 
-    def _generate(self, prompts: Sequence[Any], trainer) -> int:
+    def inputs(self, inputs: Sequence[dict], slots: int) -> list[dict]:
+        """TRL's input rows for the prepared step: ``slots`` per group, in order."""
+        if self.partial is None:
+            m = self._m_of([x["prompt"] for x in inputs])
+            return [dict(x) for x in inputs[::m] for _ in range(slots)]
+        return [dict(row) for row in self.last.rows for _ in range(slots)]
+
+    def _generate(self, prompts: Sequence[Any], trainer, rows: Sequence[Any] | None = None) -> int:
         """One step: the weights in, each distinct prompt once with n = M' (its plan),
         the records read and marked into :attr:`last`.  Returns M."""
         self.load(trainer)
-        distinct, counts = [], []
-        for p in prompts:
+        distinct, counts, first = [], [], []
+        for i, p in enumerate(prompts):
             if distinct and p == distinct[-1]:
                 counts[-1] += 1
             else:
                 distinct.append(p)
                 counts.append(1)
+                first.append(i)
         plans = [None] * len(distinct)
         ids = [self.problem_id(p) for p in distinct]
         if self.flags is not None and "darts" in self.flags:
@@ -254,19 +276,29 @@ class RolloutFunc:
         ns = self._allocate(ids, counts[0]) or [None] * len(distinct)
         params = [self._params(p, m, plan, n)
                   for p, m, plan, n in zip(distinct, counts, plans, ns)]
+        rows = [None if rows is None else rows[i] for i in first]
         t0 = time.perf_counter()
-        outs = self.llm.generate(list(distinct), params, use_tqdm=False)
+        if self.partial is None:
+            outs = self.llm.generate(list(distinct), params, use_tqdm=False)
+            groups = [(p, row, sp, list(out.prompt_token_ids), [_part(c, sp) for c in out.outputs])
+                      for p, row, sp, out in zip(distinct, rows, params, outs)]
+            carried = 0
+            self._tokens = sum(len(part.token_ids) for g in groups for part in g[4])
+        else:
+            groups, carried = self._generate_partial(distinct, rows, params, trainer)
         wall = time.perf_counter() - t0
         self.calls += 1
-        self.last = Rollout(prompts=list(distinct), wall_s=wall,
-                            redundant=[sp.n for sp in params])
-        self._outs = outs
-        for pid, out, sp in zip(ids, outs, params):
-            comps = list(out.outputs)
-            infos = [getattr(c, "rollout_info", None) or RolloutInfo.from_completion(c)
-                     for c in comps]
+        self.last = Rollout(prompts=[g[0] for g in groups], wall_s=wall,
+                            redundant=[len(g[4]) for g in groups], carried=carried,
+                            rows=[g[1] for g in groups])
+        if self.partial is not None:
+            self.last.staleness = staleness(p for g in groups for p in g[4])
+        self._groups = [(g[3], g[4]) for g in groups]
+        for prompt, _, sp, _, parts in groups:
+            pid = self.problem_id(prompt)
+            infos = [part.info for part in parts]
             flags = (sp.extra_args or {}).get("vllm_rl")
-            marks = training_marks(infos, [flags] * len(comps))
+            marks = training_marks(infos, [flags] * len(parts))
             strata = self._strata.get(pid, 1.0)
             if strata != 1.0:           # Eq. 6: w = (1 - I_abort) / (s_pre p_abort)
                 marks = [replace(mk, weight=mk.weight / strata) if mk.keep else mk
@@ -274,10 +306,74 @@ class RolloutFunc:
             self.last.flags.append(flags)
             self.last.infos.append([mk.info or i for mk, i in zip(marks, infos)])
             self.last.marks.append(marks)
-            self.last.texts.append([c.text for c in comps])
-            self.last.generated_tokens += sum(len(c.token_ids) for c in comps)
+            self.last.texts.append([part.text for part in parts])
+        self.last.generated_tokens = self._tokens
         self._feedback()
         return counts[0]
+
+    def _generate_partial(self, distinct, rows, params, trainer):
+        """A step with partial rollouts (:mod:`vllm_rl.integrations.common.partial`): the
+        carried groups' samples go on as continuations, the step's prompts start, the
+        engine ends the step once its rule holds and carries what is unfinished.
+        Returns the complete groups (the step's and earlier ones) and the samples
+        carried."""
+        from vllm_rl import rl_params
+
+        cfg, step = self.partial, trainer.state.global_step
+        keep = None if self.keep_prompt is None else (lambda g: self.keep_prompt(g.prompt))
+        going, done = self.buffer.take(step, cfg.max_staleness, keep)
+        launched = len(going) + len(distinct)
+        samples = sum(len(g.carried) for g in going) + sum(sp.n for sp in params)
+        rule = cfg.rule(step, launched, samples, self.max_tokens)
+        prompts, sps, handles = [], [], []
+        for g in going:
+            for part in g.carried:
+                ids, flags, left, seed = continuation(g, part, step, rule, self.max_tokens)
+                prompts.append({"prompt_token_ids": ids})
+                sps.append(SamplingParams(n=1, temperature=self.temperature, max_tokens=left,
+                                          logprobs=0, seed=seed, extra_args=rl_params(**flags)))
+                handles.append((g, part))
+            g.carried = []
+        for p, sp in zip(distinct, params):
+            sp.extra_args["vllm_rl"]["partial"] = dict(rule)
+            prompts.append(p)
+            sps.append(sp)
+            handles.append(None)
+        outs = self.llm.generate(prompts, sps, use_tqdm=False) if prompts else []
+        self._tokens = 0
+        new: list[CarriedGroup] = []
+        rows = [None] * (len(handles) - len(rows)) + list(rows)    # continuations first
+        for handle, sp, out, p, row in zip(handles, sps, outs, prompts, rows):
+            comps = list(out.outputs)
+            self._tokens += sum(len(c.token_ids) for c in comps)
+            if handle is not None:
+                g, prior = handle
+                c = comps[0]
+                part = merge(prior, c.token_ids, _logprobs(c), _info(c), text=c.text)
+                (g.carried if part.info.reason is Reason.CARRIED else g.ended).append(part)
+                continue
+            raw = {k: v for k, v in sp.extra_args["vllm_rl"].items() if k != "partial"}
+            infos = [_info(c) for c in comps]
+            gid = next((i.group_id for i in infos if i.group_id), None)
+            g = CarriedGroup(p, list(out.prompt_token_ids), raw, gid,
+                             raw["group"]["size"], sp.n, step, row=row)
+            for c, info in zip(comps, infos):
+                seed = None if sp.seed is None else sp.seed + c.index
+                part = merge(None, c.token_ids, _logprobs(c), info, seed, c.text)
+                (g.carried if info.reason is Reason.CARRIED else g.ended).append(part)
+            new.append(g)
+        complete = []
+        for g in done + going + new:
+            if g.carried:
+                self.buffer.groups.append(g)
+            else:
+                complete.append(g)
+        carried = self.buffer.samples()
+        groups = []
+        for g in complete:
+            sp = SamplingParams(n=len(g.ended), extra_args={"vllm_rl": g.flags})
+            groups.append((g.prompt, g.row, sp, g.prompt_ids, g.ended))
+        return groups, carried
 
     def _rows(self, slots: int) -> dict[str, list]:
         """``slots`` rows per prompt, in TRL's order: the training group, then the samples
@@ -288,8 +384,7 @@ class RolloutFunc:
         result: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs",
                                                    "env_mask", WEIGHT, BASELINE, RECORD)}
         self.last_marks, self.last_texts, self._logprob_sums = [], [], []
-        for out, marks, texts in zip(self._outs, self.last.marks, self.last.texts):
-            comps = list(out.outputs)
+        for (prompt_ids, comps), marks in zip(self._groups, self.last.marks):
             order = sorted(range(len(comps)), key=lambda i: _rank(marks[i]))[:slots]
             shortest = min(range(len(comps)), key=lambda i: len(comps[i].token_ids))
             order += [None] * (slots - len(order))
@@ -298,16 +393,14 @@ class RolloutFunc:
                 c = comps[shortest if pad else i]
                 mark = PADDING if pad else marks[i]
                 ids = list(c.token_ids)
-                result["prompt_ids"].append(list(out.prompt_token_ids))
+                result["prompt_ids"].append(list(prompt_ids))
                 result["completion_ids"].append(ids)
-                result["logprobs"].append([lp[t].logprob for lp, t in zip(c.logprobs or [], ids)]
-                                          if c.logprobs else [0.0] * len(ids))
+                result["logprobs"].append(list(c.logprobs))
                 self._logprob_sums.append(sum(result["logprobs"][-1]))
                 result["env_mask"].append([1 if mark.keep else 0] * len(ids))
                 result[WEIGHT].append(mark.weight if mark.keep else 0.0)
                 result[BASELINE].append(1 if mark.baseline else 0)
-                result[RECORD].append("" if pad else (mark.info or
-                                                      RolloutInfo.from_completion(c)).encode())
+                result[RECORD].append("" if pad else (mark.info or c.info).encode())
                 self.last_marks.append(mark)
                 self.last_texts.append(c.text)
         self.last_weights = list(result[WEIGHT])
@@ -329,6 +422,24 @@ class RolloutFunc:
             update = self.arrol_feedback.observe(infos, rewards, prompts)
             if update is not None:
                 self.llm.arrol_update(**update)
+
+
+def _info(c) -> RolloutInfo:
+    return getattr(c, "rollout_info", None) or RolloutInfo.from_completion(c)
+
+
+def _logprobs(c) -> list[float]:
+    """A completion's sampled tokens' logprobs (0 where the engine gave none)."""
+    ids = list(c.token_ids)
+    if not c.logprobs:
+        return [0.0] * len(ids)
+    return [lp[t].logprob for lp, t in zip(c.logprobs, ids)]
+
+
+def _part(c, sp) -> Part:
+    """A finished completion as a sample (:class:`Part`)."""
+    seed = None if sp.seed is None else sp.seed + c.index
+    return Part(list(c.token_ids), _logprobs(c), _info(c), seed, c.text)
 
 
 # A padding row: its prompt had fewer samples than the batch's slots per prompt.

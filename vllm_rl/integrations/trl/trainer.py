@@ -72,9 +72,9 @@ class RLGRPOTrainer(GRPOTrainer):
             # num_generations (DARTS's M and DUET's eps-kept beside them): generate first,
             # then give every prompt the rows its largest group needs.
             slots = rollout.prepare([x["prompt"] for x in inputs], self,
-                                    multiple=self.args.steps_per_generation or 1)
-            if slots != m:
-                inputs = [dict(x) for x in inputs[::m] for _ in range(slots)]
+                                    multiple=self.args.steps_per_generation or 1, rows=inputs)
+            if slots != m or rollout.partial is not None:
+                inputs = rollout.inputs(inputs, slots)
         self.num_generations = slots
         try:
             out = super()._generate_and_score_completions(inputs)
@@ -98,4 +98,42 @@ class RLGRPOTrainer(GRPOTrainer):
                     mode = "train" if self.model.training else "eval"
                     for k, v in self.diagnostics.items():
                         self._metrics[mode][f"vllm_rl/{k}"].append(v)
+        partial = getattr(rollout, "partial", None)
+        if partial is not None and self.model.training:
+            # Partial rollouts: how stale the step's samples are, and the loss's
+            # correction for the weights their tokens came from (PartialConfig.loss).
+            self.diagnostics = {**self.diagnostics, **rollout.last.staleness}
+            for k, v in rollout.last.staleness.items():
+                self._metrics["train"][f"vllm_rl/{k}"].append(v)
+            if partial.loss == "tis" and "sampling_per_token_logps" in out:
+                out["importance_sampling_ratio"] = self._tis_ratio(out, partial.tis_cap)
         return out
+
+    @torch.no_grad()
+    def _tis_ratio(self, out: dict, cap: float) -> torch.Tensor:
+        """Truncated importance sampling for partial rollouts, per token:
+        ``min(pi_theta(t) / pi_rollout(t), cap)``, ``pi_rollout`` the logprob the engine
+        sampled the token with (under the weights of its span), ``pi_theta`` this step's
+        policy before its update (:func:`vllm_rl.integrations.common.partial.tis_weights`)."""
+        current = out.get("old_per_token_logps")
+        if current is None:
+            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+            mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+            current = self._get_per_token_logps_and_entropies(
+                self.model, ids, mask, out["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size)[0]
+        diff = (current - out["sampling_per_token_logps"]) * out["completion_mask"]
+        return torch.clamp(torch.exp(torch.nan_to_num(diff, nan=0.0)), max=cap)
+
+    def _compute_loss(self, model, inputs):
+        """TRL's loss; with partial rollouts' ``tis`` the per-token ratio of
+        :meth:`_tis_ratio` multiplies each token's loss, through TRL's own importance
+        sampling term (which TRL applies to its vLLM paths only)."""
+        if self.use_vllm or "importance_sampling_ratio" not in inputs:
+            return super()._compute_loss(model, inputs)
+        saved = self.use_vllm, self.vllm_importance_sampling_correction
+        self.use_vllm = self.vllm_importance_sampling_correction = True
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self.use_vllm, self.vllm_importance_sampling_correction = saved

@@ -1,0 +1,179 @@
+"""Partial rollouts without an engine: the flags, the step book, the carry buffer and the
+records a trainer gets (``vllm_rl.integrations.common.partial``)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_rl.engine.groups import GroupRegistry, Member
+from vllm_rl.engine.steps import StepBook, stale
+from vllm_rl.flags import FlagError, read, rl_params
+from vllm_rl.integrations.common.marks import training_marks
+from vllm_rl.integrations.common.partial import (CarriedGroup, CarryBuffer, Part,
+                                                 PartialConfig, continuation, merge,
+                                                 staleness, tis_weights)
+from vllm_rl.outcome import Reason, RolloutInfo
+
+
+def _flags(**partial):
+    return read({"vllm_rl": {"group": {"id": "g", "size": 2, "redundant": 4},
+                             "partial": partial}})
+
+
+def test_continuation_flags_read_back_and_drop_arrol():
+    raw = {"arrol": {}, "partial": {"step": 3, "start_step": 1, "prior_tokens": 9,
+                                    "prior_versions": [[0, 0], [1, 4]],
+                                    "group_ended": [[5, True], [7, False]], "seed": 11}}
+    f = read({"vllm_rl": raw})
+    assert f.arrol is None, "a continuation is never scored again"
+    assert f.partial.prior_versions == ((0, 0), (1, 4))
+    assert read({"vllm_rl": f.canonical()}) == f
+    assert read({"vllm_rl": json.dumps(f.canonical())}) == f
+
+
+@pytest.mark.parametrize("partial, flag", [
+    ({"step": 1, "prior_tokens": 4}, "partial.start_step"),
+    ({"step": 1, "start_step": 0, "prior_tokens": 4, "prior_versions": [[0, 1]]},
+     "partial.prior_versions"),
+    ({"step": 1, "start_step": 0, "prior_tokens": 4, "prior_versions": [[0, 0], [1, 4]]},
+     "partial.prior_versions"),
+    ({"step": 1, "group_ended": [[3, "yes"]]}, "partial.group_ended"),
+    ({"step": -1}, "partial.step"),
+    ({"until_groups": 0}, "partial.until_groups"),
+])
+def test_bad_partial_flags_name_the_flag(partial, flag):
+    with pytest.raises(FlagError) as e:
+        rl_params(partial=partial)
+    assert e.value.flag == flag
+
+
+def test_step_book_ends_a_step_by_its_rule():
+    book = StepBook()
+    members = [Member(f"r{i}", _flags(step=0, until_groups=2)) for i in range(3)]
+    for m in members:
+        book.join(m)
+    assert book.due({}) == []
+    book.leave(members[0], 10, 1)
+    assert book.due({}) == []
+    book.leave(members[1], 10, 1)
+    (state,) = book.due({})
+    assert state.ended and list(state.live) == ["r2"]
+    late = Member("r3", _flags(step=0, until_groups=2))
+    book.join(late)
+    (state,) = book.due({})
+    assert list(state.live) == ["r2", "r3"], "a late arrival to an ended step is carried"
+    book.leave(members[2], 3, 0)
+    book.leave(late, 0, 0)
+    assert not book, "a step with no sample left is forgotten"
+
+
+def test_token_and_time_rules_wait_for_a_complete_group():
+    book = StepBook()
+    m = Member("r", _flags(step=0, until_s=0.0, until_tokens=1))
+    book.join(m)
+    assert book.due({}) == [], "a step never ends with nothing to train on"
+
+
+def test_staleness_cap():
+    assert not stale(Member("r", _flags(step=3, start_step=3, max_staleness=1)))
+    assert stale(Member("r", _flags(step=4, start_step=3, max_staleness=1)))
+    assert stale(Member("r", _flags(step=3, max_staleness=0)))
+    assert not stale(Member("r", _flags(step=9, start_step=0)))
+
+
+def test_a_continued_group_counts_its_earlier_members():
+    registry = GroupRegistry()
+    m = Member("c", read({"vllm_rl": {
+        "group": {"id": "g", "size": 2, "redundant": 4},
+        "partial": {"step": 2, "start_step": 1, "prior_tokens": 5,
+                    "group_ended": [[7, True], [9, False], [4, True]]}}}))
+    state = registry.join(m)
+    assert (state.arrived, state.left, state.ended, state.valid) == (4, 3, 3, 2)
+    assert state.finished == [(7, 1), (4, 3)]
+    assert m.length(6) == 11
+
+
+def _info(reason, length, **kw):
+    return RolloutInfo(reason=reason, length=length, group_id="g", **kw)
+
+
+def test_merge_joins_tokens_logprobs_and_counts():
+    prior = Part([1, 2, 3], [-0.1, -0.2, -0.3],
+                 _info(Reason.CARRIED, 3, draft_proposed=4, draft_accepted=2, score=0.7,
+                       p=0.5, start_step=0, step=0, weight=0.0), seed=5, text="ab")
+    info = _info(Reason.EOS, 5, draft_proposed=2, draft_accepted=1, start_step=0, step=1,
+                 steps_crossed=1, prior_tokens=3, weight_versions=[[0, 0], [1, 3]])
+    whole = merge(prior, [4, 5], [-0.4, -0.5], info, text="cd")
+    assert whole.token_ids == [1, 2, 3, 4, 5] and whole.logprobs[-1] == -0.5
+    assert whole.info.length == len(whole.token_ids) and whole.text == "abcd"
+    assert (whole.info.draft_proposed, whole.info.draft_accepted) == (6, 3)
+    assert (whole.info.score, whole.info.p) == (0.7, 0.5), "ARRoL's verdict is the scored part's"
+    assert whole.seed == 5
+
+
+def test_continuation_request_covers_the_whole_sample():
+    g = CarriedGroup("q", [7, 8], {"group": {"size": 2}, "duet": {"eps": 0.05},
+                                  "arrol": {}}, "g", 2, 4, start_step=1)
+    g.ended = [Part([1] * 6, [0.0] * 6, _info(Reason.EOS, 6)),
+               Part([1] * 9, [0.0] * 9, _info(Reason.DUET_ABORTED, 9, keep_prob=1.0))]
+    part = Part([3, 4, 5], [0.0] * 3,
+                _info(Reason.CARRIED, 3, k1=8, k2=20, start_step=1, weight_version=2),
+                seed=40)
+    ids, flags, left, seed = continuation(g, part, 2, {"step": 2, "until_groups": 3}, 16)
+    assert ids == [7, 8, 3, 4, 5] and left == 13 and seed != 40
+    assert "arrol" not in flags and flags["duet"]["k1"] == 8 and flags["duet"]["k2"] == 20
+    p = read({"vllm_rl": flags}).partial
+    assert (p.step, p.start_step, p.prior_tokens, p.seed) == (2, 1, 3, 40)
+    assert p.prior_versions == ((2, 0),)
+    assert p.group_ended == ((6, True), (9, False))
+
+
+def test_buffer_drops_past_the_cap_and_gone_prompts_with_a_record():
+    buf = CarryBuffer()
+    for name, start in (("a", 0), ("b", 2), ("c", 2)):
+        g = CarriedGroup(name, [1], {}, name, 1, 2, start_step=start)
+        g.carried = [Part([5], [0.0], _info(Reason.CARRIED, 1, start_step=start))]
+        buf.groups.append(g)
+    state = json.loads(json.dumps(buf.state_dict()))   # a checkpoint is plain JSON
+    go, done = buf.take(3, max_staleness=1, keep=lambda g: g.prompt != "c")
+    assert [g.prompt for g in go] == ["b"] and len(buf) == 0
+    assert sorted(g.prompt for g in done) == ["a", "c"]
+    for g in done:
+        (part,) = g.ended
+        assert part.info.reason is Reason.STALE and part.info.weight == 0.0
+        assert part.info.step == 3
+    restored = CarryBuffer()
+    restored.load_state_dict(state)
+    assert restored.samples() == 3
+    dropped = restored.drop_all(4)
+    assert len(restored) == 0
+    assert all(p.info.reason is Reason.STALE for g in dropped for p in g.ended)
+
+
+def test_stale_and_carried_samples_leave_the_loss_and_the_baseline():
+    infos = [_info(Reason.EOS, 4), _info(Reason.STALE, 9, weight=0.0),
+             _info(Reason.CARRIED, 3, weight=0.0)]
+    marks = training_marks(infos, [{"group": {"id": "g", "size": 3}}] * 3)
+    assert [(m.keep, m.baseline) for m in marks] == [(True, True), (False, False),
+                                                    (False, False)]
+
+
+def test_rule_and_diagnostics():
+    cfg = PartialConfig()
+    assert cfg.rule(5, groups=7, samples=56, max_tokens=100) == {"step": 5, "until_groups": 4}
+    rule = PartialConfig(over=1.0, token_share=0.5, time_s=2.0, max_staleness=1).rule(
+        0, 4, 32, 100)
+    assert rule == {"step": 0, "until_groups": 4, "until_tokens": 1600, "until_s": 2.0,
+                    "max_staleness": 1}
+    with pytest.raises(ValueError):
+        PartialConfig(over=0.5)
+    parts = [Part([0] * 10, [0.0] * 10, _info(Reason.EOS, 10, steps_crossed=1,
+                                               weight_version=1,
+                                               weight_versions=[[1, 0], [2, 4]])),
+             Part([0] * 10, [0.0] * 10, _info(Reason.EOS, 10, steps_crossed=0,
+                                               weight_version=2))]
+    d = staleness(parts)
+    assert d["carried_share"] == 0.5 and d["staleness_max"] == 1.0
+    assert d["stale_token_share"] == pytest.approx(4 / 20)
+    assert tis_weights([-1.0, -1.0], [-1.0, -3.0], 2.0) == [1.0, 2.0]

@@ -1,0 +1,286 @@
+"""Partial rollouts across steps, the trainer's side: the carry buffer every drop-in shares.
+
+APRIL (Zhou et al. 2025, "Active Partial Rollouts"): each step launches more groups than
+it trains on (the groups carried from earlier steps first, then the step's new prompts),
+ends once enough of them are complete, and carries the unfinished samples into the next
+step, where they go on as continuations.  The engine ends the step
+(:mod:`vllm_rl.engine.steps`: the rule rides on every request's ``partial`` flags) and
+returns each unfinished sample with its tokens, logprobs and record (reason
+``carried``); this module keeps them (:class:`CarryBuffer`), sends them again
+(:func:`continuation`: the original prompt and the tokens so far, which the engine
+recomputes on its current weights, the record's weight-version spans and the group's
+members that already ended), and joins each continuation to what came before
+(:func:`merge`), so the group a trainer gets covers every sample whole.
+
+:class:`PartialConfig` is the drop-in's setting: the rule (``over``: the step ends once
+``ceil(launched / over)`` of its groups are complete, APRIL's N = N'/over; or a share
+of the step's token budget; or a time), the staleness cap, and the loss's treatment of
+tokens from older weights (``loss``: ``"as_is"``, APRIL's, or ``"tis"``: truncated
+importance sampling with each token's rollout logprob, :func:`tis_weights`).
+
+A restart: :meth:`CarryBuffer.state_dict` / :meth:`~CarryBuffer.load_state_dict` keep
+the buffer in a checkpoint (plain JSON types); a buffer not restored is dropped with a
+record per sample (:meth:`CarryBuffer.drop_all`), never silently.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Sequence
+
+from vllm_rl.outcome import Reason, RolloutInfo
+
+LOSSES = ("as_is", "tis")
+
+# Record fields summed over a sample's parts (DAS's counts); ARRoL's are the part's that
+# reached l_detect (a continuation is never scored again).
+_SUMMED = ("draft_proposed", "draft_accepted", "draft_rounds", "draft_off_steps")
+_ARROL = ("score", "q", "p", "head_version", "head_auc", "pruned", "hidden_id", "trace",
+          "floor")
+
+
+@dataclass(frozen=True)
+class PartialConfig:
+    """Partial rollouts as a drop-in's setting.
+
+    * ``over``: APRIL's over-provisioning N'/N.  The step ends once ``ceil(launched /
+      over)`` of its launched groups (carried ones first, then the step's prompts) are
+      complete; the rest are carried.  At steady state a step trains as many groups as
+      the trainer gave it and carries ``(over - 1)`` times that many.
+    * ``token_share``: instead, end the step once its samples have generated this share
+      of its token budget (launched samples × ``max_tokens``);
+      ``time_s``: or once this many seconds have passed (either beside ``over``: the
+      first rule that holds ends the step).
+    * ``max_staleness``: a sample that would be carried more than this many steps past
+      the one it started in is dropped (reason ``stale``, out of the loss and the
+      baseline); None: no cap (APRIL).
+    * ``loss``: ``"as_is"`` (APRIL: the samples as they are) or ``"tis"`` (each token's
+      loss times ``min(pi_current / pi_rollout, tis_cap)``, with the rollout's own
+      logprob of the token under the weights it was sampled with).
+    """
+
+    over: float = 2.0
+    token_share: float | None = None
+    time_s: float | None = None
+    max_staleness: int | None = None
+    loss: str = "as_is"
+    tis_cap: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.over >= 1.0:
+            raise ValueError(f"PartialConfig.over = {self.over}: at least 1 (N' >= N)")
+        if self.token_share is not None and not 0.0 < self.token_share <= 1.0:
+            raise ValueError(f"PartialConfig.token_share = {self.token_share}: in (0, 1]")
+        if self.loss not in LOSSES:
+            raise ValueError(f"PartialConfig.loss = {self.loss!r}: one of {LOSSES}")
+        if not self.tis_cap > 0:
+            raise ValueError(f"PartialConfig.tis_cap = {self.tis_cap}: positive")
+
+    @classmethod
+    def of(cls, value: "PartialConfig | dict | bool | None") -> "PartialConfig | None":
+        """A setting as a framework's configuration gives it (a mapping, True: the
+        defaults, None / False: off)."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        return cls(**dict(value))
+
+    def rule(self, step: int, groups: int, samples: int, max_tokens: int) -> dict[str, Any]:
+        """The ``partial`` flags of a step that launches ``groups`` groups of ``samples``
+        samples in all."""
+        flags: dict[str, Any] = {"step": step,
+                                 "until_groups": max(1, math.ceil(groups / self.over))}
+        if self.token_share is not None:
+            flags["until_tokens"] = max(1, int(self.token_share * samples * max_tokens))
+        if self.time_s is not None:
+            flags["until_s"] = self.time_s
+        if self.max_staleness is not None:
+            flags["max_staleness"] = self.max_staleness
+        return flags
+
+
+@dataclass
+class Part:
+    """One sample as far as it went: every token so far, its logprob (under the weights
+    that sampled it) and the record of the whole sample (:func:`merge`)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    info: RolloutInfo
+    seed: int | None = None          # its original request's seed (its coins)
+    text: str | None = None
+
+    def to_json(self) -> dict:
+        return {"token_ids": self.token_ids, "logprobs": self.logprobs,
+                "info": self.info.to_json(), "seed": self.seed, "text": self.text}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Part":
+        return cls(list(d["token_ids"]), list(d["logprobs"]), RolloutInfo.from_json(d["info"]),
+                   d.get("seed"), d.get("text"))
+
+
+@dataclass
+class CarriedGroup:
+    """A group some of whose samples were carried: what it needs to go on."""
+
+    prompt: Any                      # the trainer's prompt (its text, its row's key)
+    prompt_ids: list[int]
+    flags: dict | None               # the group's vllm_rl flags as sent (raw form)
+    group_id: str
+    size: int                        # M
+    redundant: int                   # M'
+    start_step: int
+    ended: list[Part] = field(default_factory=list)      # ended (or dropped), in order
+    carried: list[Part] = field(default_factory=list)
+    row: Any = None                  # the trainer's input row (JSON-able), if it keeps one
+
+    def to_json(self) -> dict:
+        return {"prompt": self.prompt, "prompt_ids": self.prompt_ids, "flags": self.flags,
+                "group_id": self.group_id, "size": self.size, "redundant": self.redundant,
+                "start_step": self.start_step, "row": self.row,
+                "ended": [p.to_json() for p in self.ended],
+                "carried": [p.to_json() for p in self.carried]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CarriedGroup":
+        return cls(d["prompt"], list(d["prompt_ids"]), d["flags"], d["group_id"], d["size"],
+                   d["redundant"], d["start_step"], [Part.from_json(p) for p in d["ended"]],
+                   [Part.from_json(p) for p in d["carried"]], d.get("row"))
+
+
+def merge(prior: Part | None, token_ids: Sequence[int], logprobs: Sequence[float],
+          info: RolloutInfo, seed: int | None = None, text: str | None = None) -> Part:
+    """A part returned by the engine joined to the sample's earlier parts: tokens and
+    logprobs concatenated; the engine's record already counts the whole sample (length,
+    weight-version spans, steps: the continuation's flags told it), DAS's counts are
+    summed over the parts and ARRoL's fields kept from the part that was scored."""
+    if prior is None:
+        return Part(list(token_ids), list(logprobs), info, seed, text)
+    extra = {k: (getattr(prior.info, k) or 0) + (getattr(info, k) or 0)
+             for k in _SUMMED if getattr(prior.info, k) is not None}
+    extra.update({k: getattr(prior.info, k) for k in _ARROL
+                  if getattr(info, k) is None and getattr(prior.info, k) is not None})
+    joined = None if text is None or prior.text is None else prior.text + text
+    return Part(prior.token_ids + list(token_ids), prior.logprobs + list(logprobs),
+                replace(info, **extra), prior.seed, joined)
+
+
+def spans(info: RolloutInfo) -> list[list[int]]:
+    """A record's weight-version spans, ``[[v, first token], ...]`` (one span if it never
+    crossed a sync)."""
+    if info.weight_versions:
+        return [list(s) for s in info.weight_versions]
+    return [[info.weight_version or 0, 0]]
+
+
+def continuation(group: CarriedGroup, part: Part, step: int, rule: dict[str, Any],
+                 max_tokens: int) -> tuple[list[int], dict[str, Any], int, int]:
+    """A carried sample sent again at ``step``: its prompt ids (the original prompt and
+    the tokens so far), its ``vllm_rl`` flags (the group's, DUET's thresholds fixed to
+    the ones it ran with, the step's rule, and the continuation's fields), its
+    ``max_tokens`` (what is left) and its seed (the original one moved on by the tokens
+    so far: the tokens still to come are drawn afresh; the coins use the original)."""
+    flags = copy.deepcopy(group.flags) or {}
+    flags["group"] = {"id": group.group_id, "size": group.size, "redundant": group.redundant}
+    info = part.info
+    if flags.get("duet") is not None and info.k1 is not None:
+        flags["duet"] = dict(flags["duet"] or {}, k1=info.k1, k2=info.k2)
+    flags.pop("arrol", None)                  # scored once, in the part that reached it
+    n = len(part.token_ids)
+    flags["partial"] = dict(
+        rule, start_step=info.start_step if info.start_step is not None else group.start_step,
+        prior_tokens=n, seed=part.seed, prior_versions=spans(info),
+        group_ended=[[p.info.length, bool(p.info.valid and not p.info.eps_kept)]
+                     for p in group.ended])
+    seed = None if part.seed is None else int(hashlib.blake2b(
+        f"{part.seed}:{n}:{step}".encode(), digest_size=4).hexdigest(), 16)
+    return group.prompt_ids + part.token_ids, flags, max_tokens - n, seed
+
+
+def stale_part(part: Part, step: int) -> Part:
+    """``part`` dropped before it was sent again (the cap, a prompt gone from the
+    dataset, a restart without the buffer): its record says ``stale``, weight 0."""
+    return replace(part, info=replace(part.info, reason=Reason.STALE, weight=0.0, step=step,
+                                      steps_crossed=step - (part.info.start_step or step)))
+
+
+class CarryBuffer:
+    """The groups carried into the next step, oldest first."""
+
+    def __init__(self) -> None:
+        self.groups: list[CarriedGroup] = []
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def samples(self) -> int:
+        return sum(len(g.carried) for g in self.groups)
+
+    def take(self, step: int, max_staleness: int | None,
+             keep: Callable[[CarriedGroup], bool] | None = None
+             ) -> tuple[list[CarriedGroup], list[CarriedGroup]]:
+        """The buffer emptied for ``step``: the groups to continue, and those that end
+        now because none of their samples may go on (each carried sample past
+        ``max_staleness``, or its prompt no longer ``keep``-ed: dropped with a
+        ``stale`` record into the group's ended members)."""
+        go, done = [], []
+        for g in self.groups:
+            drop_all = keep is not None and not keep(g)
+            still = []
+            for part in g.carried:
+                start = part.info.start_step if part.info.start_step is not None \
+                    else g.start_step
+                if drop_all or (max_staleness is not None and step - start > max_staleness):
+                    g.ended.append(stale_part(part, step))
+                else:
+                    still.append(part)
+            g.carried = still
+            (go if still else done).append(g)
+        self.groups = []
+        return go, done
+
+    def drop_all(self, step: int) -> list[CarriedGroup]:
+        """Every carried sample dropped with a record (a restart that does not restore
+        the buffer); the groups, now complete, returned for the caller to log."""
+        return self.take(step, None, keep=lambda g: False)[1]
+
+    def state_dict(self) -> dict:
+        return {"groups": [g.to_json() for g in self.groups]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.groups = [CarriedGroup.from_json(g) for g in state.get("groups", [])]
+
+
+def staleness(parts: Iterable[Part]) -> dict[str, float]:
+    """The learning-signal diagnostics of a step's samples: how stale they are (steps
+    crossed, mean and max; the share of samples carried at least once; the share of
+    their tokens sampled under older weights than the step's last)."""
+    parts = list(parts)
+    crossed = [p.info.steps_crossed or 0 for p in parts]
+    total = sum(len(p.token_ids) for p in parts)
+    old = 0
+    for p in parts:
+        s = spans(p.info)
+        last = s[-1][0]
+        # tokens before the last version's first token came from older weights
+        old += next((i for v, i in s if v == last), 0)
+    n = max(len(parts), 1)
+    return {"staleness_mean": sum(crossed) / n, "staleness_max": float(max(crossed, default=0)),
+            "carried_share": sum(1 for c in crossed if c > 0) / n,
+            "stale_token_share": old / max(total, 1)}
+
+
+def tis_weights(current: Sequence[float], rollout: Sequence[float], cap: float) -> list[float]:
+    """Truncated importance sampling, per token: ``min(exp(current - rollout), cap)``
+    (the current policy's logprob over the one the token was sampled with)."""
+    return [min(math.exp(c - r), cap) for c, r in zip(current, rollout)]
+
+
+__all__ = ["CarriedGroup", "CarryBuffer", "LOSSES", "Part", "PartialConfig", "continuation",
+           "merge", "spans", "stale_part", "staleness", "tis_weights"]
