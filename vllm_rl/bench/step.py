@@ -15,7 +15,10 @@ is run as a trainer runs it:
    calibration (:class:`vllm_rl.arrol.ArrolFeedback`: the second step's scores are the
    held-out check of the head the first one trained).
 2. **The timed step**: every configuration (:mod:`.matrix`) on the same prompts with the
-   same seeds, interleaved with the stock baselines, ``--repeats`` times.
+   same seeds, interleaved with the stock baselines, ``--repeats`` times.  A
+   configuration with partial rollouts (``+partial``) runs two untimed steps of its own
+   first, so the timed step is one with carried samples, as in training; its groups are
+   the complete ones (:func:`run_once`).
 
 Each run's engine steps are priced on a GPU step-cost table (``--cost``; a projection,
 :mod:`vllm_rl.cost`), beside the CPU wall, twice: the forward passes only ("GPU"), and
@@ -35,13 +38,15 @@ defaults.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_rl.bench.matrix import CONFIGS, engine_kind, is_config, technique_flags
+from vllm_rl.bench.matrix import (CONFIGS, engine_kind, is_config, partial_setting,
+                                  technique_flags)
 
 ARROL_GATES = ("steering", "cold", "balance", "auc")
 
@@ -142,20 +147,13 @@ class Run:
     timeline: dict = field(default_factory=dict)   # per step: gpu_ms, core_ms, worker_ms
 
 
-def run_once(llm, name: str, params: list, prompts: list[str], repeat: int, cost,
-             host_scale: float = 1.0) -> Run:
-    """Drive the engine's step loop over one rollout step (one request per prompt, its
-    own ``SamplingParams``) and read the records."""
+def _drive(llm, name: str, params: list, prompts: list, repeat: int) -> tuple[list, float]:
+    """One rollout step through the engine's step loop (one request per prompt, its own
+    ``SamplingParams``): the outputs in order, and the wall time."""
     from vllm.sampling_params import RequestOutputKind
 
-    from vllm_rl.engine.trace import engine_trace
-    from vllm_rl.integrations.common.advantages import group_advantages, step_diagnostics
-    from vllm_rl.integrations.common.marks import training_marks
     from vllm_rl.llm import attach_rollout_info
-    from vllm_rl.task import reward
 
-    trace = engine_trace(llm)
-    mark = trace.mark()
     engine = llm.llm_engine
     ids, outputs = {}, {}
     t0 = time.perf_counter()
@@ -171,25 +169,69 @@ def run_once(llm, name: str, params: list, prompts: list[str], repeat: int, cost
     wall = time.perf_counter() - t0
     outs = [outputs[i] for i in range(len(prompts))]
     attach_rollout_info(outs, params)
-    steps = trace.since(mark)
-    marks, rewards, groups, kept, lengths, reasons = [], [], [], [], [], {}
+    return outs, wall
+
+
+def run_once(llm, name: str, params: list, prompts: list[str], repeat: int, cost,
+             host_scale: float = 1.0) -> Run:
+    """One rollout step of configuration ``name`` and its records.  With partial
+    rollouts (``+partial``) the timed step is APRIL's third: two untimed steps first fill
+    the carry buffer, then the step launches the carried samples' continuations beside
+    the prompts and ends by its rule; its groups are those complete (their samples from
+    any of the three steps: the lengths, rewards and marks are the whole samples')."""
+    from vllm_rl.engine.trace import engine_trace
+
+    trace = engine_trace(llm)
+    setting = partial_setting(name) if is_config(name) else None
+    if setting is None:
+        mark = trace.mark()
+        outs, wall = _drive(llm, name, params, prompts, repeat)
+        groups = [(prompt, (sp.extra_args or {}).get("vllm_rl"),
+                   [(c.rollout_info, c.text, len(c.token_ids)) for c in out.outputs])
+                  for prompt, out, sp in zip(prompts, outs, params)]
+        return _summarize_step(name, repeat, trace.since(mark), groups, wall, cost, host_scale)
+    from vllm_rl.integrations.common.partial import CarryBuffer, PartialConfig
+
+    cfg, buffer = PartialConfig(**setting), CarryBuffer()
+    max_tokens = params[0].max_tokens
+    for step in range(3):
+        step_params_ = [copy.deepcopy(sp) for sp in params]
+        for sp in step_params_:
+            sp.seed = sp.seed + 1_000_003 * (2 - step)      # the timed step: the seeds given
+        launched = buffer.launch(cfg, 1_000 * repeat + step, prompts, step_params_,
+                                 max_tokens, 1.0)
+        mark = trace.mark()
+        outs, wall = _drive(llm, f"{name}-s{step}", launched.params, launched.prompts, repeat)
+        complete = buffer.finish(launched, outs)
+    groups = [(g.prompt, g.flags, [(p.info, p.text, len(p.token_ids)) for p in g.ended])
+              for g in complete]
+    return _summarize_step(name, repeat, trace.since(mark), groups, wall, cost, host_scale)
+
+
+def _summarize_step(name: str, repeat: int, steps, groups: list, wall: float, cost,
+                    host_scale: float) -> Run:
+    """A :class:`Run` from the engine steps it took and its groups (prompt, the flags
+    sent, per sample: record, text, length)."""
+    from vllm_rl.integrations.common.advantages import group_advantages, step_diagnostics
+    from vllm_rl.integrations.common.marks import training_marks
+    from vllm_rl.task import reward
+
+    marks, rewards, members, kept, lengths, reasons = [], [], [], [], [], {}
     proposed = accepted = 0
-    for i, (prompt, out, sp) in enumerate(zip(prompts, outs, params)):
-        infos = [c.rollout_info for c in out.outputs]
-        flags = (sp.extra_args or {}).get("vllm_rl")
-        for c, mk in zip(out.outputs, training_marks(infos, [flags] * len(infos))):
-            r = reward(prompt, c.text)
-            info = c.rollout_info
+    for i, (prompt, flags, samples) in enumerate(groups):
+        infos = [info for info, _, _ in samples]
+        for (info, text, n), mk in zip(samples, training_marks(infos, [flags] * len(infos))):
+            r = reward(prompt, text)
             marks.append(mk)
             rewards.append(r)
-            groups.append(i)
-            lengths.append(len(c.token_ids))
+            members.append(i)
+            lengths.append(n)
             reasons[info.reason.value] = reasons.get(info.reason.value, 0) + 1
             proposed += info.draft_proposed or 0
             accepted += info.draft_accepted or 0
             if mk.keep:
-                kept.append((r, len(c.token_ids)))
-    diag = step_diagnostics(marks, group_advantages(rewards, marks, groups), groups)
+                kept.append((r, n))
+    diag = step_diagnostics(marks, group_advantages(rewards, marks, members), members)
     proj = steps.project(cost, host_scale=host_scale)
     core, worker, path = steps.host_ms()
     timeline = {"gpu_ms": list(proj.per_step_ms),

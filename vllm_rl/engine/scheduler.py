@@ -21,7 +21,10 @@ engine; and with no flagged request live ``update_from_output`` is vLLM's own.  
   unless its coin keeps it): one comparison per sample unless a poll or the gate is due;
 * a group whose M shortest valid samples are known (DARTS early stop, exact: every
   sibling still generating has at least as many tokens as the M-th shortest finished
-  one) is stopped, and its live members are finished.
+  one) is stopped, and its live members are finished;
+* partial rollouts: a trainer step whose rule holds (:mod:`vllm_rl.engine.steps`) has
+  its samples still generating carried (or dropped past the staleness cap); a
+  continuation's techniques count its earlier tokens too (``Member.prior``).
 
 Every sample ended early is finished in the same step through vLLM's
 ``finish_requests`` (KV blocks freed now) and gets a final output of its own.

@@ -11,6 +11,8 @@ returns each unfinished sample with its tokens, logprobs and record (reason
 recomputes on its current weights, the record's weight-version spans and the group's
 members that already ended), and joins each continuation to what came before
 (:func:`merge`), so the group a trainer gets covers every sample whole.
+:meth:`CarryBuffer.launch` builds a step's requests and :meth:`CarryBuffer.finish` takes
+the engine's outputs back: the complete groups, the rest kept.
 
 :class:`PartialConfig` is the drop-in's setting: the rule (``over``: the step ends once
 ``ceil(launched / over)`` of its groups are complete, APRIL's N = N'/over; or a share
@@ -245,6 +247,69 @@ class CarryBuffer:
         self.groups = []
         return go, done
 
+    def launch(self, cfg: PartialConfig, step: int, prompts: Sequence[Any],
+               params: Sequence[Any], max_tokens: int, temperature: float,
+               rows: Sequence[Any] | None = None,
+               keep: Callable[[CarriedGroup], bool] | None = None) -> PartialStep:
+        """Step ``step``'s requests: the buffer's carried samples as continuations
+        (:func:`continuation`), then ``prompts`` with their ``params`` (each a group, its
+        ``vllm_rl`` flags in ``extra_args``), every one with the step's rule
+        (:meth:`PartialConfig.rule` over the groups launched).  ``rows``: the trainer's
+        input row of each prompt, kept with its group."""
+        from vllm import SamplingParams
+
+        from vllm_rl.flags import rl_params
+
+        going, done = self.take(step, cfg.max_staleness, keep)
+        samples = sum(len(g.carried) for g in going) + sum(sp.n for sp in params)
+        rule = cfg.rule(step, len(going) + len(prompts), samples, max_tokens)
+        out = PartialStep(step, done=done, continued=going)
+        for g in going:
+            for part in g.carried:
+                ids, flags, left, seed = continuation(g, part, step, rule, max_tokens)
+                out.prompts.append({"prompt_token_ids": ids})
+                out.params.append(SamplingParams(
+                    n=1, temperature=temperature, max_tokens=left, logprobs=0, seed=seed,
+                    extra_args=rl_params(**flags)))
+                out.handles.append((g, part))
+            g.carried = []
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            sp.extra_args["vllm_rl"]["partial"] = dict(rule)
+            out.prompts.append(p)
+            out.params.append(sp)
+            out.handles.append(None if rows is None else rows[i])
+        return out
+
+    def finish(self, launched: PartialStep, outputs: Sequence[Any]) -> list[CarriedGroup]:
+        """The engine's outputs of :meth:`launch`'s requests, in order: each sample's
+        parts joined, its group kept for the next step while any of its samples was
+        carried; returns the groups complete now (every sample ended: this step's and
+        earlier ones), oldest first."""
+        new: list[CarriedGroup] = []
+        for handle, sp, out, p in zip(launched.handles, launched.params, outputs,
+                                      launched.prompts):
+            comps = list(out.outputs)
+            launched.tokens += sum(len(c.token_ids) for c in comps)
+            if isinstance(handle, tuple):
+                g, prior = handle
+                part = _part_of(comps[0], _record(comps[0]), prior=prior)
+                (g.carried if part.info.reason is Reason.CARRIED else g.ended).append(part)
+                continue
+            raw = {k: v for k, v in sp.extra_args["vllm_rl"].items() if k != "partial"}
+            infos = [_record(c) for c in comps]
+            gid = next((i.group_id for i in infos if i.group_id), None)
+            size = (raw.get("group") or {}).get("size") or sp.n
+            g = CarriedGroup(p, list(out.prompt_token_ids), raw, gid, size, sp.n,
+                             launched.step, row=handle)
+            for c, info in zip(comps, infos):
+                part = _part_of(c, info, None if sp.seed is None else sp.seed + c.index)
+                (g.carried if info.reason is Reason.CARRIED else g.ended).append(part)
+            new.append(g)
+        complete = []
+        for g in launched.done + launched.continued + new:
+            (self.groups if g.carried else complete).append(g)
+        return complete
+
     def drop_all(self, step: int) -> list[CarriedGroup]:
         """Every carried sample dropped with a record (a restart that does not restore
         the buffer); the groups, now complete, returned for the caller to log."""
@@ -255,6 +320,33 @@ class CarryBuffer:
 
     def load_state_dict(self, state: dict) -> None:
         self.groups = [CarriedGroup.from_json(g) for g in state.get("groups", [])]
+
+
+@dataclass
+class PartialStep:
+    """One step's requests with partial rollouts (:meth:`CarryBuffer.launch`): the
+    carried samples as continuations, then the step's own requests; :meth:`finish`
+    takes the engine's outputs (in the same order) back."""
+
+    step: int
+    prompts: list = field(default_factory=list)        # the engine's prompts
+    params: list = field(default_factory=list)         # their SamplingParams
+    handles: list = field(default_factory=list)        # (group, part), or a new one's row
+    done: list[CarriedGroup] = field(default_factory=list)  # ended at take (all dropped)
+    continued: list[CarriedGroup] = field(default_factory=list)
+    tokens: int = 0                                    # generated by this step's requests
+
+
+def _part_of(c, info: RolloutInfo, seed: int | None = None, prior: Part | None = None) -> Part:
+    """A vLLM ``CompletionOutput`` as a :class:`Part` (joined to ``prior``)."""
+    ids = list(c.token_ids)
+    lps = ([lp[t].logprob for lp, t in zip(c.logprobs, ids)] if c.logprobs
+           else [0.0] * len(ids))
+    return merge(prior, ids, lps, info, seed, c.text)
+
+
+def _record(c) -> RolloutInfo:
+    return getattr(c, "rollout_info", None) or RolloutInfo.from_completion(c)
 
 
 def staleness(parts: Iterable[Part]) -> dict[str, float]:
@@ -282,5 +374,6 @@ def tis_weights(current: Sequence[float], rollout: Sequence[float], cap: float) 
     return [min(math.exp(c - r), cap) for c, r in zip(current, rollout)]
 
 
-__all__ = ["CarriedGroup", "CarryBuffer", "LOSSES", "Part", "PartialConfig", "continuation",
+__all__ = ["CarriedGroup", "CarryBuffer", "LOSSES", "Part", "PartialConfig", "PartialStep",
+           "continuation",
            "merge", "spans", "stale_part", "staleness", "tis_weights"]

@@ -45,10 +45,8 @@ from typing import Any, Callable, Sequence
 from vllm import SamplingParams
 
 from vllm_rl.integrations.common.marks import TrainingMark, training_marks
-from vllm_rl.integrations.common.partial import (CarriedGroup, CarryBuffer, Part,
-                                                 PartialConfig, continuation, merge,
-                                                 staleness)
-from vllm_rl.outcome import Reason, RolloutInfo
+from vllm_rl.integrations.common.partial import CarryBuffer, Part, PartialConfig, staleness
+from vllm_rl.outcome import RolloutInfo
 
 RECORD = "vllm_rl_record"
 WEIGHT = "vllm_rl_weight"
@@ -317,57 +315,13 @@ class RolloutFunc:
         engine ends the step once its rule holds and carries what is unfinished.
         Returns the complete groups (the step's and earlier ones) and the samples
         carried."""
-        from vllm_rl import rl_params
-
-        cfg, step = self.partial, trainer.state.global_step
         keep = None if self.keep_prompt is None else (lambda g: self.keep_prompt(g.prompt))
-        going, done = self.buffer.take(step, cfg.max_staleness, keep)
-        launched = len(going) + len(distinct)
-        samples = sum(len(g.carried) for g in going) + sum(sp.n for sp in params)
-        rule = cfg.rule(step, launched, samples, self.max_tokens)
-        prompts, sps, handles = [], [], []
-        for g in going:
-            for part in g.carried:
-                ids, flags, left, seed = continuation(g, part, step, rule, self.max_tokens)
-                prompts.append({"prompt_token_ids": ids})
-                sps.append(SamplingParams(n=1, temperature=self.temperature, max_tokens=left,
-                                          logprobs=0, seed=seed, extra_args=rl_params(**flags)))
-                handles.append((g, part))
-            g.carried = []
-        for p, sp in zip(distinct, params):
-            sp.extra_args["vllm_rl"]["partial"] = dict(rule)
-            prompts.append(p)
-            sps.append(sp)
-            handles.append(None)
-        outs = self.llm.generate(prompts, sps, use_tqdm=False) if prompts else []
-        self._tokens = 0
-        new: list[CarriedGroup] = []
-        rows = [None] * (len(handles) - len(rows)) + list(rows)    # continuations first
-        for handle, sp, out, p, row in zip(handles, sps, outs, prompts, rows):
-            comps = list(out.outputs)
-            self._tokens += sum(len(c.token_ids) for c in comps)
-            if handle is not None:
-                g, prior = handle
-                c = comps[0]
-                part = merge(prior, c.token_ids, _logprobs(c), _info(c), text=c.text)
-                (g.carried if part.info.reason is Reason.CARRIED else g.ended).append(part)
-                continue
-            raw = {k: v for k, v in sp.extra_args["vllm_rl"].items() if k != "partial"}
-            infos = [_info(c) for c in comps]
-            gid = next((i.group_id for i in infos if i.group_id), None)
-            g = CarriedGroup(p, list(out.prompt_token_ids), raw, gid,
-                             raw["group"]["size"], sp.n, step, row=row)
-            for c, info in zip(comps, infos):
-                seed = None if sp.seed is None else sp.seed + c.index
-                part = merge(None, c.token_ids, _logprobs(c), info, seed, c.text)
-                (g.carried if info.reason is Reason.CARRIED else g.ended).append(part)
-            new.append(g)
-        complete = []
-        for g in done + going + new:
-            if g.carried:
-                self.buffer.groups.append(g)
-            else:
-                complete.append(g)
+        launched = self.buffer.launch(self.partial, trainer.state.global_step, distinct,
+                                      params, self.max_tokens, self.temperature, rows, keep)
+        outs = (self.llm.generate(launched.prompts, launched.params, use_tqdm=False)
+                if launched.prompts else [])
+        complete = self.buffer.finish(launched, outs)
+        self._tokens = launched.tokens
         carried = self.buffer.samples()
         groups = []
         for g in complete:
