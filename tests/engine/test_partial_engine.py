@@ -111,36 +111,31 @@ def test_a_weight_sync_while_carried_samples_wait(inproc_llm):
     assert (whole.length, whole.start_step, whole.steps_crossed) == (n + 10, 4, 1)
 
 
+def _continued_group(llm, gid: str, ended: list, max_tokens: int, seed: int) -> list:
+    """Two continuations (12 tokens so far each) of a DARTS group of M = 2, M' = 4 whose
+    other two members ended in an earlier step as ``ended`` says; their records."""
+    flags = rl_params(group={"id": gid, "size": 2, "redundant": 4},
+                      darts={"mode": "shortest"},
+                      partial={"step": 2, "start_step": 1, "prior_tokens": 12, "seed": 0,
+                               "group_ended": ended})
+    sps = [SamplingParams(temperature=1.0, seed=s, max_tokens=max_tokens, ignore_eos=True,
+                          extra_args=flags) for s in (1, 2)]
+    outs = llm.generate([{"prompt_token_ids": _ids(seed) + _ids(seed + 1, 12)}] * 2, sps,
+                        use_tqdm=False)
+    return [out.outputs[0].rollout_info for out in outs]
+
+
 def test_a_darts_group_stops_across_steps(inproc_llm):
     """A DARTS group whose two shortest ended in an earlier step stops at its
     continuations' first step: they are longer already (exact shortest-M across steps)."""
-    group = {"id": "across", "size": 2, "redundant": 4}
-    flags = rl_params(group=group, darts={"mode": "shortest"}, partial={
-        "step": 2, "start_step": 1, "prior_tokens": 12, "seed": 0,
-        "group_ended": [[5, True], [6, True]]})
-    sps = [SamplingParams(temperature=1.0, seed=s, max_tokens=100, ignore_eos=True,
-                          extra_args=flags) for s in (1, 2)]
-    outs = inproc_llm.generate([{"prompt_token_ids": _ids(40) + _ids(41, 12)}] * 2, sps,
-                               use_tqdm=False)
-    for out in outs:
-        info = out.outputs[0].rollout_info
-        assert info.reason is Reason.DARTS_CANCELLED and info.length >= 12
-        assert info.length < 12 + 100
+    for info in _continued_group(inproc_llm, "across", [[5, True], [6, True]], 100, 40):
+        assert info.reason is Reason.DARTS_CANCELLED and 12 <= info.length < 12 + 100
 
 
 def test_a_carried_group_whose_others_were_pruned_or_cancelled(inproc_llm):
     """The group's other members ended invalid (pruned, cancelled) before: its carried
     members run to their own end, nothing stops them early."""
-    group = {"id": "others-gone", "size": 2, "redundant": 4}
-    flags = rl_params(group=group, darts={"mode": "shortest"}, partial={
-        "step": 2, "start_step": 1, "prior_tokens": 12, "seed": 0,
-        "group_ended": [[5, False], [6, False]]})
-    sps = [SamplingParams(temperature=1.0, seed=s, max_tokens=16, ignore_eos=True,
-                          extra_args=flags) for s in (1, 2)]
-    outs = inproc_llm.generate([{"prompt_token_ids": _ids(42) + _ids(43, 12)}] * 2, sps,
-                               use_tqdm=False)
-    for out in outs:
-        info = out.outputs[0].rollout_info
+    for info in _continued_group(inproc_llm, "others-gone", [[5, False], [6, False]], 16, 42):
         assert info.reason is Reason.LENGTH and info.length == 28
         assert info.finish_rank in (3, 4)
 
