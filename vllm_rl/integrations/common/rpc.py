@@ -20,10 +20,14 @@ class RLStateRPC:
     """``das_*`` and ``arrol_*`` on an actor that defines ``async rl_rpc(method, args)``
     (and, to check against the engine, :meth:`rl_vllm_config`)."""
 
-    async def rl_rpc(self, method: str, args: tuple = ()) -> Any:
-        """The worker method ``method`` with ``args`` on every rank; rank 0's answer.
-        Each actor implements it on its engine (``collective_rpc``)."""
-        raise NotImplementedError(f"{type(self).__name__} does not define rl_rpc")
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every actor class names its ``async rl_rpc(method, args)``: the worker method
+        ``method`` with ``args`` on every rank, rank 0's answer (its engine's
+        ``collective_rpc``).  A class without one is refused when it is defined."""
+        super().__init_subclass__(**kwargs)
+        if not callable(getattr(cls, "rl_rpc", None)):
+            raise TypeError(f"{cls.__name__} mixes in RLStateRPC without defining "
+                            "async rl_rpc(method, args)")
 
     def rl_vllm_config(self) -> Any:
         """The engine's ``VllmConfig`` for the checks that need it (an ARRoL head's hidden

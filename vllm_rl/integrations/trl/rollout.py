@@ -45,7 +45,8 @@ from typing import Any, Callable, Sequence
 from vllm import SamplingParams
 
 from vllm_rl.integrations.common.marks import TrainingMark, training_marks
-from vllm_rl.integrations.common.partial import CarryBuffer, Part, PartialConfig, staleness
+from vllm_rl.integrations.common.partial import (CarryBuffer, Part, PartialConfig, part_of,
+                                                 staleness)
 from vllm_rl.outcome import RolloutInfo
 
 RECORD = "vllm_rl_record"
@@ -278,7 +279,7 @@ class RolloutFunc:
         t0 = time.perf_counter()
         if self.partial is None:
             outs = self.llm.generate(list(distinct), params, use_tqdm=False)
-            groups = [(p, row, sp, list(out.prompt_token_ids), [_part(c, sp) for c in out.outputs])
+            groups = [(p, row, sp, list(out.prompt_token_ids), [part_of(c, sp) for c in out.outputs])
                       for p, row, sp, out in zip(distinct, rows, params, outs)]
             carried = 0
             self._tokens = sum(len(part.token_ids) for g in groups for part in g[4])
@@ -376,24 +377,6 @@ class RolloutFunc:
             update = self.arrol_feedback.observe(infos, rewards, prompts)
             if update is not None:
                 self.llm.arrol_update(**update)
-
-
-def _info(c) -> RolloutInfo:
-    return getattr(c, "rollout_info", None) or RolloutInfo.from_completion(c)
-
-
-def _logprobs(c) -> list[float]:
-    """A completion's sampled tokens' logprobs (0 where the engine gave none)."""
-    ids = list(c.token_ids)
-    if not c.logprobs:
-        return [0.0] * len(ids)
-    return [lp[t].logprob for lp, t in zip(c.logprobs, ids)]
-
-
-def _part(c, sp) -> Part:
-    """A finished completion as a sample (:class:`Part`)."""
-    seed = None if sp.seed is None else sp.seed + c.index
-    return Part(list(c.token_ids), _logprobs(c), _info(c), seed, c.text)
 
 
 # A padding row: its prompt had fewer samples than the batch's slots per prompt.
