@@ -1,7 +1,8 @@
-"""A weight sync's cache side as one engine-core call that says what it did.
+"""The RL engine's two engine-core calls: a weight sync that says what it did, and the
+end of a trainer step.
 
-Patched internal: ``vllm.v1.engine.core.EngineCore`` gains one utility method,
-``vllm_rl_weight_sync`` (nothing of vLLM's is replaced).  The engine-core clients call
+Patched internal: ``vllm.v1.engine.core.EngineCore`` gains two utility methods,
+``vllm_rl_weight_sync`` and ``vllm_rl_end_step`` (nothing of vLLM's is replaced).  The engine-core clients call
 utilities by name (``call_utility`` / ``call_utility_async``: ``getattr(engine_core,
 name)``), so the reload paths of :mod:`vllm_rl.weights` and the server's
 ``/vllm_rl/reload_weights`` reach it like vLLM's own ``reset_prefix_cache``.
@@ -13,6 +14,12 @@ method resets the prefix cache with the requests in flight recomputed (vLLM's ow
 ``reset_running_requests``, as its ``pause_generation(clear_cache=True)`` does), sets
 vLLM's weight-version label (``set_weight_version``: ``CompletionOutput.weight_versions``
 then marks the tokens of each version) and returns the scheduler's report.
+
+``vllm_rl_end_step(step)``: partial rollouts on several engines (verl's replicas,
+OpenRLHF's actors), where only the drop-in sees every group of a step: once its rule
+holds it ends the step on each engine (the scheduler's ``rl_end_step``; the samples
+still generating are carried at the engine's next step).  No vLLM path reaches the
+scheduler from a client but a utility.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from . import CHECKED, Patch, PatchMismatch
 
 _MODULE = "vllm.v1.engine.core"
 TARGET = f"{_MODULE}.EngineCore.vllm_rl_weight_sync"
+END_STEP = f"{_MODULE}.EngineCore.vllm_rl_end_step"
 _RESET = ("self", "reset_running_requests", "reset_connector")
 _LABEL = ("self", "weight_version")
 
@@ -66,13 +74,26 @@ def vllm_rl_weight_sync(self, label: str | None = None) -> dict:
     return report
 
 
+def vllm_rl_end_step(self, step: int) -> int:
+    """End trainer step ``step`` on this engine now; how many of its samples it carries
+    (0: none live).  An engine without the RL scheduler refuses."""
+    end = getattr(self.scheduler, "rl_end_step", None)
+    if end is None:
+        raise RuntimeError("vllm_rl_end_step: this engine does not run the RL scheduler "
+                           "(vllm_rl.settings.EngineSettings)")
+    return end(step)
+
+
 def _apply() -> None:
     cls = _target()
     if getattr(cls, "vllm_rl_weight_sync", None) is None:
         cls.vllm_rl_weight_sync = vllm_rl_weight_sync
+    if getattr(cls, "vllm_rl_end_step", None) is None:
+        cls.vllm_rl_end_step = vllm_rl_end_step
 
 
-class WeightSync(Patch, check=_check, apply=_apply):
-    """``EngineCore.vllm_rl_weight_sync`` added (module docstring)."""
+class EngineCoreCalls(Patch, check=_check, apply=_apply):
+    """``EngineCore.vllm_rl_weight_sync`` and ``EngineCore.vllm_rl_end_step`` added
+    (module docstring)."""
 
-    targets = (TARGET,)
+    targets = (TARGET, END_STEP)

@@ -67,6 +67,34 @@ def test_a_step_ends_once_its_rule_holds_and_carries_the_rest(inproc_llm):
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1   # every block back
 
 
+def test_a_step_ended_by_the_drop_in_carries_its_live_samples(inproc_llm):
+    """A step with no rule of its own (a drop-in spread over engines counts the groups
+    itself) runs until ``end_step`` (the engine-core utility); then its live samples end
+    at the next engine step, carried, with every token so far; a step the engine does
+    not hold answers 0."""
+    from vllm_rl.integrations.common.partial import end_step
+
+    engine, sched = inproc_llm.llm_engine, engine_scheduler(inproc_llm)
+    assert end_step(inproc_llm, 41) == 0
+    for i in range(4):
+        engine.add_request(f"ended-{i}", {"prompt_token_ids": _ids(60 + i)}, SamplingParams(
+            temperature=1.0, seed=i, max_tokens=200, ignore_eos=True, logprobs=0,
+            extra_args=rl_params(group={"id": f"g{i // 2}", "size": 2},
+                                 partial={"step": 42})))
+    outs = [o for _ in range(6) for o in engine.step() if o.finished]
+    assert not outs, "no rule: the step runs on"
+    assert end_step(inproc_llm, 42) == 4
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.finished]
+    completions = [c for o in outs for c in o.outputs]
+    assert len(completions) == 4
+    for c in completions:
+        info = c.rollout_info
+        assert info.reason is Reason.CARRIED and info.step == 42
+        assert 6 <= info.length == len(c.token_ids) < 200
+    assert not sched.rl_steps and not sched.rl_members
+
+
 def test_a_continuation_goes_on_where_its_sample_stopped(inproc_llm):
     """A greedy sample carried after 20 tokens and continued gives the tokens it would
     have given uncarried; its record counts the whole sample."""

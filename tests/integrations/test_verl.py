@@ -639,6 +639,160 @@ def test_trainer_mode_runs_verls_step_on_transfer_queue(verl_cluster, transfer_q
     assert 0.0 <= metrics["vllm_rl/zero_adv_groups"] <= 1.0 and "vllm_rl/eps_weight_share" in metrics
 
 
+class PartialPolicy(StaticPolicy):
+    """Problems 0 and 1 of every four under DUET with its gate at 8 tokens and a keep
+    chance of 1e-6 (their groups end within a few tokens), 2 and 3 plain groups (they
+    run to their natural end): a step that ends once two of four groups are complete
+    carries the plain ones."""
+
+    def flags(self, sample):
+        out = super().flags(sample)
+        if out is not None:
+            out.pop("arrol", None)
+            out.pop("darts", None)
+            if int(sample.problem_id.rsplit(":", 1)[1]) % 4 < 2:
+                out["duet"].update(k1=4, k2=4, grace=4, poll=4, eps=1e-6)
+            else:
+                out.pop("duet")
+        return out
+
+
+class BackgroundAgentLoops(LocalAgentLoops):
+    """:class:`LocalAgentLoops` that returns once the samples are dispatched, as
+    ``AgentLoopManagerTQ`` does (its Ray call on the worker only spawns them): they run
+    on an event loop in another thread while verl's replay buffer polls TransferQueue."""
+
+    def __init__(self, config, router):
+        import threading
+
+        super().__init__(config, router)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def generate_sequences(self, prompts) -> None:
+        asyncio.run_coroutine_threadsafe(self.worker.generate_sequences(prompts),
+                                         self.loop).result()
+
+    def close(self) -> None:
+        async def drain():
+            await asyncio.gather(*list(self.worker.background_tasks))
+
+        asyncio.run_coroutine_threadsafe(drain(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+
+
+def test_partial_rollouts_carry_groups_across_verls_steps(verl_cluster, transfer_queue):
+    """Partial rollouts through verl's own ``PPOTrainer.step``, twice, on a real
+    TransferQueue: step 1 launches four groups, the trainer sees two finished in
+    TransferQueue and ends the step on the replica (``end_step``), the plain groups come
+    back carried (out of the step's batch and of TransferQueue, into the buffer); step 2
+    (every launched group awaited) continues them on the engine and trains them whole:
+    each continued sample's record covers the whole sample (its start step, steps
+    crossed, length), its first tokens and logprobs are step 1's, and the group trains
+    with the members that ended in step 1.  Stood in for as in the trainer-mode test,
+    and the replica set (``llm_server_manager``: the one server actor)."""
+    from types import SimpleNamespace
+
+    from omegaconf import open_dict
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    from vllm_rl.integrations.common.partial import PartialConfig
+    from vllm_rl.integrations.verl.partial import PartialSampling
+    from vllm_rl.integrations.verl.trainer import RLTrainerSync
+    from vllm_rl.task import heldout_prompts
+
+    tq = transfer_queue
+    _, server, router = verl_cluster
+    config = verl_config("trainer.v1.trainer_mode=vllm_rl_sync",
+                         "algorithm.adv_estimator=grpo",
+                         "algorithm.rollout_correction.bypass_mode=true",
+                         f"data.train_batch_size={P}",
+                         "trainer.critic_warmup=1000",
+                         "+actor_rollout_ref.rollout.engine_kwargs.vllm_rl.partial.over=2")
+    with open_dict(config):
+        settings = config.actor_rollout_ref.rollout.engine_kwargs.vllm_rl
+        settings.arrol = False
+        settings.policy = f"{PartialPolicy.__module__}.PartialPolicy"
+    trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config)
+    assert type(trainer) is RLTrainerSync and isinstance(trainer.replay_buffer, PartialSampling)
+    trainer.replay_buffer.inner.poll_interval = 0.05
+    trainer._init_tokenizer()
+    trainer.curr_step_profile = False
+    prompts = heldout_prompts(2 * P)
+    trainer.train_dataloader_it = iter([{
+        "raw_prompt": np.array([[{"role": "user", "content": p}] for p in prompts[s:s + P]],
+                               dtype=object),
+        "index": np.array(list(range(s, s + P)), dtype=object),
+        "data_source": np.array(["arith"] * P, dtype=object)} for s in (0, P)])
+    loops = BackgroundAgentLoops(config, router)
+    trainer.agent_loop_manager = loops
+    trainer.reward_loop_manager = TaskReward(trainer.tokenizer)
+    trainer.checkpoint_manager = type("NoGPU", (), {"sleep_replicas": lambda self: None})()
+    trainer.actor_rollout_wg = type("DataParallel", (), {"_dispatch_info": {"actor": [0, 1]}})()
+    trainer.llm_server_manager = SimpleNamespace(
+        rollout_replicas=[SimpleNamespace(server_handle=server)])
+
+    def records(batch):
+        data = tq.kv_batch_get(keys=batch.keys, partition_id="train",
+                               select_fields=["uid", "responses", "rollout_log_probs",
+                                              "extra_fields"])
+        out = []
+        for uid, r, lp, e in zip(data["uid"], data["responses"].unbind(),
+                                 data["rollout_log_probs"].unbind(), data["extra_fields"]):
+            out.append((str(uid), r.tolist(), lp.tolist(), RolloutInfo.decode(e["vllm_rl"])))
+        return out
+
+    try:
+        trainer.global_steps = 1
+        metrics: dict = {}
+        batch = trainer.step(metrics, {})
+        first = [r for r in records(batch) if r[3] is not None]
+        buffer = trainer.partial.buffer
+        assert len(buffer) >= 1, "the plain groups were still generating: carried"
+        assert metrics["vllm_rl/carried_groups"] == len(buffer)
+        assert metrics["vllm_rl/carried_samples"] == buffer.samples() > 0
+        carried_uids = {g.prompt for g in buffer.groups}
+        assert not carried_uids & {uid for uid, *_ in first}, "carried groups left the batch"
+        listed = tq.kv_list("train")["train"]
+        assert not any(k.split("_")[0] in carried_uids for k in listed)
+        assert all(info.reason is not Reason.CARRIED for *_, info in first)
+        assert {info.step for *_, info in first} == {1}
+        parts = {g.prompt: (g.ended, g.carried) for g in buffer.groups}
+        for ended, carried in parts.values():
+            assert len(ended) + len(carried) == N
+            for part in carried:
+                assert part.info.reason is Reason.CARRIED and part.info.step == 1
+                assert part.info.length == len(part.token_ids) == len(part.logprobs)
+        tq.kv_clear(keys=batch.keys, partition_id="train")      # as verl's fit() does
+
+        trainer.partial.cfg = PartialConfig(over=1.0)            # step 2 awaits every group
+        trainer.global_steps = 2
+        metrics = {}
+        batch = trainer.step(metrics, {})
+        second = records(batch)
+        assert len(trainer.partial.buffer) == 0
+        continued = [r for r in second if r[0] in carried_uids]
+        assert len(continued) == N * len(carried_uids), "each continued group trains whole"
+        for uid, (ended, carried) in parts.items():
+            rows = [r for r in second if r[0] == uid]
+            for part in carried:               # its whole sample: step 1's part, then more
+                match = [r for r in rows if r[1][:len(part.token_ids)] == part.token_ids
+                         and r[3].start_step == 1 and r[3].steps_crossed == 1]
+                assert match, "a continued sample starts with its carried tokens"
+                _, tokens, logprobs, info = match[0]
+                assert logprobs[:len(part.logprobs)] == pytest.approx(part.logprobs)
+                assert info.step == 2 and info.reason is not Reason.CARRIED
+                assert info.length == len(tokens) and info.prior_tokens == len(part.token_ids)
+            for part in ended:                 # ended in step 1, trained with its group now
+                assert any(r[1] == part.token_ids and r[3].step == 1 for r in rows)
+        assert 0.0 < metrics["vllm_rl/carried_share"] <= 1.0
+        assert metrics["vllm_rl/staleness_max"] == 1.0
+    finally:
+        loops.close()
+
+
 def test_arrol_feedback_trains_calibrates_and_pushes(verl_cluster, rollout_batch):
     """ARRoL's trainer side on real records and the task's verifier: the records name
     their hidden states at l_detect (hidden_id), taken from the server actor

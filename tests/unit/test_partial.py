@@ -166,6 +166,11 @@ def test_rule_and_diagnostics():
         0, 4, 32, 100)
     assert rule == {"step": 0, "until_groups": 4, "until_tokens": 1600, "until_s": 2.0,
                     "max_staleness": 1}
+    # spread over engines, the drop-in ends the step: the flags keep the step and the cap
+    assert PartialConfig(time_s=2.0, max_staleness=1).rule(3, 4, 32, 100, by_engine=False) \
+        == {"step": 3, "max_staleness": 1}
+    with pytest.raises(ValueError, match="token_share"):
+        PartialConfig(token_share=0.5).rule(3, 4, 32, 100, by_engine=False)
     with pytest.raises(ValueError):
         PartialConfig(over=0.5)
     parts = [Part([0] * 10, [0.0] * 10, _info(Reason.EOS, 10, steps_crossed=1,

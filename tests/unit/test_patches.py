@@ -11,7 +11,7 @@ import vllm
 import vllm_rl.patches as patches
 from vllm_rl.patches import (Patch, PatchConflict, PatchMismatch, applied, input_batch,
                               input_processor)
-from vllm_rl.patches.engine_core import WeightSync
+from vllm_rl.patches.engine_core import EngineCoreCalls
 from vllm_rl.patches.input_batch import CpuSeededChunks
 from vllm_rl.patches.input_processor import FlagsAdmission
 from vllm_rl.patches.model_runner.arrol_capture import ArrolCapture
@@ -247,14 +247,14 @@ def test_weight_sync_check_fails_loudly_on_a_changed_target(monkeypatch):
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
 
-    WeightSync.check()
+    EngineCoreCalls.check()
 
     def reset_prefix_cache(self, reset_connector=False):     # no reset_running_requests
         return True
 
     monkeypatch.setattr(Scheduler, "reset_prefix_cache", reset_prefix_cache)
     with pytest.raises(PatchMismatch, match="reset_prefix_cache"):
-        WeightSync.check()
+        EngineCoreCalls.check()
     monkeypatch.undo()
 
     def set_weight_version(self):                            # no label taken
@@ -262,7 +262,7 @@ def test_weight_sync_check_fails_loudly_on_a_changed_target(monkeypatch):
 
     monkeypatch.setattr(EngineCore, "set_weight_version", set_weight_version)
     with pytest.raises(PatchMismatch, match="set_weight_version"):
-        WeightSync.check()
+        EngineCoreCalls.check()
 
 
 def test_cpu_seeded_chunks_check_fails_loudly_on_a_changed_target(monkeypatch):

@@ -314,6 +314,11 @@ class RLSchedulerMixin(TraceMixin):
                 self.rl_steps.leave(member, request.num_output_tokens, int(done))
         return super()._free_request(request, delay_free_blocks)
 
+    def rl_end_step(self, step: int) -> int:
+        """End trainer step ``step`` now (:meth:`vllm_rl.engine.steps.StepBook.end`; the
+        ``vllm_rl_end_step`` utility): its live samples are carried at the next update."""
+        return self.rl_steps.end(int(step))
+
     # ------------------------------------------------------------------ weight syncs
     def reset_prefix_cache(self, reset_running_requests: bool = False,
                            reset_connector: bool = False) -> bool:

@@ -10,6 +10,11 @@ tokens and logprobs produced returned with the record.  A request that arrives w
 its ended step still has samples live is carried at its first step; once none is left
 the step is forgotten (a step number used again starts afresh).
 
+A drop-in whose step runs on several engines (verl's replicas, OpenRLHF's rollout
+actors) counts the complete groups itself and ends the step on every engine at once
+(:meth:`StepBook.end`, the engine-core utility ``vllm_rl_end_step``); its requests
+then carry no ``until_groups``.
+
 Per engine step the book costs one check per step that has live samples (a count, a
 clock read); ``until_tokens`` adds a sum over that step's live samples.
 """
@@ -78,6 +83,16 @@ class StepBook:
         state.complete += complete_groups
         if not state.live:
             del self.steps[member.flags.partial.step]
+
+    def end(self, step: int) -> int:
+        """End ``step`` now, whatever its rule (a drop-in whose rule held across its
+        engines says so: ``vllm_rl_end_step``); returns how many of its samples are live
+        (carried at the engine's next step), 0 for a step with none."""
+        state = self.steps.get(step)
+        if state is None:
+            return 0
+        state.ended = True
+        return len(state.live)
 
     def due(self, requests: dict) -> list[StepState]:
         """The steps whose samples are to be carried now: their rule holds (or held)."""

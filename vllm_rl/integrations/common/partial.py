@@ -92,15 +92,29 @@ class PartialConfig:
             return value
         return cls(**dict(value))
 
-    def rule(self, step: int, groups: int, samples: int, max_tokens: int) -> dict[str, Any]:
+    def need(self, groups: int) -> int:
+        """APRIL's N: the complete groups that end a step launching ``groups``."""
+        return max(1, math.ceil(groups / self.over))
+
+    def rule(self, step: int, groups: int, samples: int, max_tokens: int,
+             by_engine: bool = True) -> dict[str, Any]:
         """The ``partial`` flags of a step that launches ``groups`` groups of ``samples``
-        samples in all."""
-        flags: dict[str, Any] = {"step": step,
-                                 "until_groups": max(1, math.ceil(groups / self.over))}
-        if self.token_share is not None:
-            flags["until_tokens"] = max(1, int(self.token_share * samples * max_tokens))
-        if self.time_s is not None:
-            flags["until_s"] = self.time_s
+        samples in all.  ``by_engine``: the engine ends the step itself (one engine
+        sees every group: TRL, the bench); else the drop-in counts the groups across
+        its engines (verl's replicas, OpenRLHF's actors) and ends the step on each
+        (:func:`end_step_async`), and the flags carry the step and the cap only (the
+        drop-in keeps the time rule; a token share is refused: it is a budget of the
+        whole step)."""
+        flags: dict[str, Any] = {"step": step}
+        if by_engine:
+            flags["until_groups"] = self.need(groups)
+            if self.token_share is not None:
+                flags["until_tokens"] = max(1, int(self.token_share * samples * max_tokens))
+            if self.time_s is not None:
+                flags["until_s"] = self.time_s
+        elif self.token_share is not None:
+            raise ValueError("PartialConfig.token_share ends a step on one engine's "
+                             "tokens; with the step spread over engines use over or time_s")
         if self.max_staleness is not None:
             flags["max_staleness"] = self.max_staleness
         return flags
@@ -367,6 +381,21 @@ def staleness(parts: Iterable[Part]) -> dict[str, float]:
             "stale_token_share": old / max(total, 1)}
 
 
+def end_step(llm: Any, step: int) -> int:
+    """End trainer step ``step`` on a ``vllm.LLM`` of the RL engine now (the engine-core
+    utility ``vllm_rl_end_step``): its samples still generating are carried at the next
+    engine step.  Returns how many were live."""
+    client = llm.llm_engine.engine_core
+    if hasattr(client, "call_utility"):          # the engine core in its own process
+        return client.call_utility("vllm_rl_end_step", step)
+    return client.engine_core.vllm_rl_end_step(step)
+
+
+async def end_step_async(engine: Any, step: int) -> int:
+    """:func:`end_step` on an ``AsyncLLM`` (verl's server, OpenRLHF's actor)."""
+    return await engine.engine_core.call_utility_async("vllm_rl_end_step", step)
+
+
 def tis_weights(current: Sequence[float], rollout: Sequence[float], cap: float) -> list[float]:
     """Truncated importance sampling, per token: ``min(exp(current - rollout), cap)``
     (the current policy's logprob over the one the token was sampled with)."""
@@ -374,5 +403,5 @@ def tis_weights(current: Sequence[float], rollout: Sequence[float], cap: float) 
 
 
 __all__ = ["CarriedGroup", "CarryBuffer", "LOSSES", "Part", "PartialConfig", "PartialStep",
-           "continuation",
+           "continuation", "end_step", "end_step_async",
            "merge", "part_of", "spans", "stale_part", "staleness", "tis_weights"]

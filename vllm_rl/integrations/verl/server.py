@@ -10,11 +10,13 @@
   extension and vllm_rl's DAS / ARRoL methods in one class;
 * each sample's record travels back: ``TokenOutput.extra_fields["vllm_rl"]`` holds the
   :class:`~vllm_rl.outcome.RolloutInfo` wire string (``RolloutInfo.decode`` reads it);
-* a sample the engine ended on purpose (DARTS cancelled, DUET aborted, ARRoL pruned)
-  comes back with ``stop_reason="vllm_rl_<reason>"``, never ``"aborted"``: verl's
-  fully-async client re-submits an aborted request as unfinished work, and these are
-  finished.  A request aborted by verl itself (``abort_all_requests``) stays
-  ``"aborted"``.
+* a sample the engine ended on purpose (DARTS cancelled, DUET aborted, ARRoL pruned,
+  carried to the next step) comes back with ``stop_reason="vllm_rl_<reason>"``, never
+  ``"aborted"``: verl's client re-submits an aborted request as unfinished work, and
+  these are finished (a carried one goes on as the trainer's continuation, next step).
+  A request aborted by verl itself (``abort_all_requests``) stays ``"aborted"``;
+* ``end_step(step)``: partial rollouts end a trainer step on this replica
+  (:mod:`.partial`).
 
 :class:`RLReplica` is verl's ``vLLMReplica`` with this server and the actor-name prefix
 ``vllm_rl_`` that verl's ``ServerAdapter`` derives from ``rollout.name``.
@@ -35,9 +37,11 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import (  # noqa: E402
 
 from vllm_rl.integrations.common.rpc import RLStateRPC  # noqa: E402
 from vllm_rl.integrations.verl import NAME, RECORD_KEY, SETTINGS_KEY  # noqa: E402
-from vllm_rl.outcome import record_of  # noqa: E402
+from vllm_rl.integrations.common.partial import end_step_async  # noqa: E402
+from vllm_rl.outcome import Reason, record_of  # noqa: E402
 
 ENGINE_SETTINGS = ("das", "arrol", "cost", "trace")
+TRAINER_SETTINGS = ("flags", "policy", "partial")      # read by the agent loop and trainer
 WORKER_EXTENSION = "vllm_rl.integrations.verl.worker.VerlRLWorkerExtension"
 
 
@@ -103,7 +107,7 @@ def with_record(output, final) -> Any:
     if info is None:                     # a request without flags: stock vLLM's answer
         return output
     output.extra_fields[RECORD_KEY] = info.encode()
-    if info.reason.early and output.stop_reason == "aborted":
+    if info.reason is not Reason.ABORT and output.stop_reason == "aborted":
         output.stop_reason = f"vllm_rl_{info.reason.value}"
     return output
 
@@ -114,10 +118,10 @@ class RLHttpServer(RLStateRPC, vLLMHttpServer):
     def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
         super()._preprocess_engine_kwargs(engine_kwargs)
         settings = engine_settings(self.config)
-        unknown = set(settings) - set(ENGINE_SETTINGS) - {"flags", "policy"}
+        unknown = set(settings) - set(ENGINE_SETTINGS) - set(TRAINER_SETTINGS)
         if unknown:
             raise ValueError(f"rollout.engine_kwargs.{SETTINGS_KEY}: unknown keys "
-                             f"{sorted(unknown)}; allowed {[*ENGINE_SETTINGS, 'flags', 'policy']}")
+                             f"{sorted(unknown)}; allowed {[*ENGINE_SETTINGS, *TRAINER_SETTINGS]}")
         if settings.get("arrol"):
             from vllm_rl.arrol.config import use_v1_runner
 
@@ -156,6 +160,11 @@ class RLHttpServer(RLStateRPC, vLLMHttpServer):
     def rl_vllm_config(self) -> Any:
         """The running engine's config (ARRoL updates checked against its head)."""
         return getattr(getattr(self, "engine", None), "vllm_config", None)
+
+    async def end_step(self, step: int) -> int:
+        """End trainer step ``step`` on this replica (partial rollouts: the trainer
+        counted enough finished groups); how many samples it carries."""
+        return await end_step_async(self.engine, step)
 
     async def num_unfinished_requests(self) -> int:
         """Requests the front end still holds (0 once aborts have drained)."""

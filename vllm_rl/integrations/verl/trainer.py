@@ -22,6 +22,12 @@ The hidden states the records name (``arrol.return_hidden``: kept on the replica
 ran the sample, the record carries its ``hidden_id``) are taken first, one
 ``RLHttpServer.arrol_hidden`` call per replica and step (:func:`fetch_hidden`).
 
+With partial rollouts (``rollout.engine_kwargs.vllm_rl.partial``, :mod:`.partial`) each
+step launches the carried groups and the dataloader's prompts, ends once enough groups
+have finished (on every replica), carries the groups with unfinished samples into the
+next step (out of this step's batch) and trains the complete ones; their staleness goes
+to verl's metrics (``vllm_rl/staleness_mean`` ...), and the buffer into each checkpoint.
+
 verl branches on ``trainer_mode == "sync"`` for the synchronous semantics (its
 ``ReplayBuffer`` rather than ``ReplayBufferAsync``, whole ``gen_batch_size`` dataloader
 fetches, no TransferQueue checkpoint); this mode is the sync trainer under another name,
@@ -34,6 +40,9 @@ verl's ``AgentLoopWorkerTQ`` from the RL engine, everything but the GPU worker g
 """
 from __future__ import annotations
 
+import json
+import os
+
 import ray
 import transfer_queue as tq
 from tensordict import TensorDict
@@ -41,12 +50,19 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from vllm_rl.integrations.common.advantages import step_diagnostics
 from vllm_rl.arrol.controller import ArrolFeedback
-from vllm_rl.integrations.verl import TRAINER_MODE
+from vllm_rl.integrations.common.advantages import step_diagnostics
+from vllm_rl.integrations.common.partial import Part, PartialConfig, staleness
+from vllm_rl.integrations.verl import FLAGS_KEY, RECORD_KEY, TRAINER_MODE
 from vllm_rl.integrations.verl.loss import mark_metrics, scale_rows, training_marks
+from vllm_rl.integrations.verl.partial import (
+    CHECKPOINT_FILE,
+    PartialRollouts,
+    PartialSampling,
+    Sample,
+)
 from vllm_rl.integrations.verl.server import engine_settings
-from vllm_rl.outcome import hidden_ids, with_hidden
+from vllm_rl.outcome import RolloutInfo, hidden_ids, with_hidden
 
 
 def rows(values) -> list:
@@ -81,6 +97,7 @@ class RLTrainerSync(PPOTrainerSync):
     _weights: dict[str, float] = {}
     _marks: dict = {}
     _feedback: ArrolFeedback | None = None
+    partial: PartialRollouts | None = None
 
     @property
     def trainer_mode(self) -> str:
@@ -92,6 +109,81 @@ class RLTrainerSync(PPOTrainerSync):
     def trainer_mode(self, name: str) -> None:
         """``PPOTrainer.__init__`` sets the configured mode name (``vllm_rl_sync``)."""
 
+    # -- partial rollouts ------------------------------------------------------------
+    def _build_replay_buffer(self):
+        buffer = super()._build_replay_buffer()
+        rollout = self.config.actor_rollout_ref.rollout
+        cfg = PartialConfig.of(engine_settings(rollout).get("partial"))
+        if cfg is None:
+            return buffer
+        if self.parameter_sync_step != 1:
+            raise ValueError("rollout.engine_kwargs.vllm_rl.partial: one rollout per weight "
+                             f"sync (trainer.v1.sync.parameter_sync_step=1, got "
+                             f"{self.parameter_sync_step})")
+        if cfg.loss == "tis":
+            check_tis(self.config, cfg)
+        self.partial = PartialRollouts(cfg, int(rollout.n), int(rollout.response_length))
+        return PartialSampling(buffer, self.partial, self._end_step)
+
+    def _end_step(self, step: int) -> None:
+        """End ``step`` on every replica (``RLHttpServer.end_step``)."""
+        replicas = self.llm_server_manager.rollout_replicas
+        ray.get([r.server_handle.end_step.remote(step) for r in replicas])
+
+    def prepare_step(self) -> dict:
+        if self.partial is None:
+            return super().prepare_step()
+        batch = self.partial.launch(self.global_steps, self._next_train_batch())
+        self._submit_batch_to_rollout(batch)
+        return {}
+
+    def _carry(self, batch: KVBatchMeta, extra: list, metrics: dict) -> list[bool]:
+        """Partial rollouts: the groups with a carried sample go back into the buffer
+        (their rows leave TransferQueue and the batch); which samples stay."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["uid", "prompts", "responses",
+                                              "rollout_log_probs"])
+        uids, prompts = rows(data["uid"]), data["prompts"].unbind()
+        responses = data["responses"].unbind()
+        logprobs = (data["rollout_log_probs"].unbind() if "rollout_log_probs" in data.keys()
+                    else [None] * len(responses))
+        samples = []
+        for key, uid, p, r, lp, e in zip(batch.keys, uids, prompts, responses, logprobs,
+                                         extra):
+            e = e or {}
+            flags = e.get(FLAGS_KEY)
+            samples.append(Sample(key, str(uid), p.tolist(), r.tolist(),
+                                  lp.tolist() if lp is not None else [0.0] * r.numel(),
+                                  RolloutInfo.decode(e.get(RECORD_KEY)),
+                                  json.loads(flags) if flags else None))
+        stay = self.partial.split(samples)
+        trained = [Part(s.token_ids, s.logprobs, s.info) for s, k in zip(samples, stay)
+                   if k and s.info is not None]
+        metrics.update({f"vllm_rl/{k}": v for k, v in staleness(trained).items()})
+        metrics["vllm_rl/carried_groups"] = len(self.partial.buffer)
+        metrics["vllm_rl/carried_samples"] = self.partial.buffer.samples()
+        return stay
+
+    def _save_checkpoint(self):
+        super()._save_checkpoint()
+        if self.partial is not None:
+            folder = os.path.join(self.config.trainer.default_local_dir,
+                                  f"global_step_{self.global_steps}")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, CHECKPOINT_FILE), "w") as f:
+                json.dump(self.partial.state_dict(), f)
+
+    def _load_checkpoint(self):
+        out = super()._load_checkpoint()
+        if self.partial is not None and self.global_steps:
+            path = os.path.join(checkpoint_folder(self.config, self.global_steps),
+                                CHECKPOINT_FILE)
+            if os.path.exists(path):
+                with open(path) as f:
+                    self.partial.load_state_dict(json.load(f))
+        return out
+
+    # -- the records into the loss ------------------------------------------------------
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
         batch = self._apply_records(batch, metrics)
         return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
@@ -99,9 +191,18 @@ class RLTrainerSync(PPOTrainerSync):
     def _apply_records(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=["extra_fields", "rm_scores"])
-        marks = training_marks(rows(data.pop("extra_fields")))
-        metrics.update(mark_metrics(marks))
+        extra = rows(data.pop("extra_fields"))
         rewards = [float(row.sum()) for row in data["rm_scores"].unbind()]
+        if self.partial is not None:
+            stay = self._carry(batch, extra, metrics)
+            if not all(stay):
+                tq.kv_clear(keys=[k for k, s in zip(batch.keys, stay) if not s],
+                            partition_id=batch.partition_id)
+                batch = kept_batch(batch, stay)
+                extra = [e for e, s in zip(extra, stay) if s]
+                rewards = [r for r, s in zip(rewards, stay) if s]
+        marks = training_marks(extra)
+        metrics.update(mark_metrics(marks))
         self._push_arrol([m.info for m in marks], rewards)
         # in the baseline but not the loss (DUET-aborted, Alg. A.10 l.38-40): stays for
         # verl's group mean, advantage × 0; outside the baseline: leaves the batch
@@ -152,3 +253,40 @@ class RLTrainerSync(PPOTrainerSync):
         update = self._feedback.observe(infos, rewards)
         if update is not None:
             ray.get([r.server_handle.arrol_update.remote(**update) for r in replicas])
+
+
+def check_tis(config, cfg: PartialConfig) -> None:
+    """``partial.loss="tis"`` is verl's own token-level truncated importance sampling
+    over each token's rollout logprob: refuse a configuration that would not run it."""
+    rc = config.algorithm.get("rollout_correction", None) or {}
+    want = {"algorithm.rollout_correction.rollout_is": "token",
+            "algorithm.rollout_correction.rollout_is_threshold": cfg.tis_cap,
+            "actor_rollout_ref.rollout.calculate_log_probs": True}
+    got = {"algorithm.rollout_correction.rollout_is": rc.get("rollout_is"),
+           "algorithm.rollout_correction.rollout_is_threshold": _float(
+               rc.get("rollout_is_threshold")),
+           "actor_rollout_ref.rollout.calculate_log_probs": bool(
+               config.actor_rollout_ref.rollout.get("calculate_log_probs"))}
+    wrong = {k: got[k] for k in want if got[k] != want[k]}
+    if wrong:
+        raise ValueError("rollout.engine_kwargs.vllm_rl.partial.loss=tis runs verl's "
+                         "token-level TIS; set " + ", ".join(f"{k}={want[k]}" for k in wrong)
+                         + f" (found {wrong})")
+
+
+def _float(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def checkpoint_folder(config, step: int) -> str:
+    """The ``global_step_{step}`` folder verl resumed from (``resume_from_path``, else
+    under ``default_local_dir``)."""
+    trainer = config.trainer
+    if trainer.get("resume_mode") == "resume_path" and trainer.get("resume_from_path"):
+        folder = trainer.resume_from_path
+    else:
+        folder = os.path.join(trainer.default_local_dir, f"global_step_{step}")
+    return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
