@@ -490,3 +490,141 @@ def test_real_ray_actor_through_openrlhfs_samples_generator(tmp_path):
         assert sum(s["keep"] for s in group) <= M
         for s in group:
             assert (s["mask"] > 0) == (s["keep"] == 1.0) and s["weight"] == s["keep"]
+
+
+FAST_SLOW = r'''
+import json, os
+
+from vllm_rl.integrations.common.policy import StaticPolicy
+
+FAST = set(json.loads(os.environ["VLLM_RL_TEST_FAST"]))
+
+
+class FastSlow(StaticPolicy):
+    """DUET's gate at 8 tokens, keep chance 1e-6, on the FAST problems (their groups end
+    within a few tokens); the others plain (they run to their natural end)."""
+
+    def flags(self, sample):
+        out = super().flags(sample)
+        if out is not None and sample.problem_id in FAST:
+            out["duet"] = {"k1": 4, "k2": 4, "grace": 4, "poll": 4, "eps": 1e-6}
+        return out
+'''
+
+PARTIAL_SCRIPT = r'''
+import json, sys
+from types import SimpleNamespace as NS
+
+if __name__ == "__main__":
+    import ray
+    from vllm_rl.integrations.openrlhf.launcher import patch, ray_init
+    replaced = patch()                  # settings (partial on) from VLLM_RL_OPENRLHF
+    ray_init(replaced.settings)(num_cpus=2, num_gpus=1, include_dashboard=False)
+
+    @ray.remote(num_cpus=0)
+    def worker_side():                  # what the job's setup hook did in a Ray worker
+        from vllm_rl.integrations.common.hooks import _after
+        return sorted(_after.hooks)
+
+    hooks = ray.get(worker_side.remote())
+    from openrlhf.trainer.ray.vllm_engine import create_vllm_engines
+    from transformers import AutoTokenizer
+    from vllm_rl.integrations.common.partial import PartialConfig
+    from vllm_rl.integrations.openrlhf.partial import RLSamplesGenerator
+    from vllm_rl.task import MODEL_PATH
+
+    prompts = json.loads(sys.argv[1])
+    n = int(sys.argv[2])
+    engines = create_vllm_engines(1, 1, str(MODEL_PATH), 0, False, True, True, 512,
+                                  gpu_memory_utilization=None)
+    args = NS(algo=NS(advantage=NS(is_correction_level="token"), dynamic_filtering_enable=False),
+              rollout=NS(n_samples_per_prompt=n, batch_size=len(prompts[0])),
+              vllm=NS(enable_sleep=False))
+    batches = [(None, p, [str(i) for i in range(len(p))], [None] * len(p)) for p in prompts]
+    gen = RLSamplesGenerator(strategy=NS(args=args), prompts_dataloader=batches,
+                             eval_dataloader=None,
+                             tokenizer=AutoTokenizer.from_pretrained(str(MODEL_PATH)),
+                             vllm_engines=engines)
+    seen = []
+    experiences_of = gen._rl_experiences
+
+    def spy(groups, kwargs):
+        seen.append([[{"tokens": p.token_ids, "logprobs": p.logprobs,
+                       "info": p.info.to_json()} for p in g.ended] for g in groups])
+        return experiences_of(groups, kwargs)
+
+    gen._rl_experiences = spy
+    steps = []
+    for step in range(2):
+        if step == 1:
+            gen.rl_partial = PartialConfig(over=1.0)     # step 2 awaits every group
+        exps, _, consumed, _ = gen.generate_samples(max_new_tokens=96, max_len=512,
+                                                    temperature=1.0)
+        state = json.loads(json.dumps(gen.state_dict()))
+        steps.append({"consumed": consumed, "groups": seen[-1],
+                      "experiences": [{"keep": float(e.info["vllm_rl/keep"]),
+                                       "mask": int(e.action_mask.sum()),
+                                       "carried_share":
+                                           float(e.info["vllm_rl/diag/carried_share"])}
+                                      for e in exps],
+                      "buffer": state["buffer"]["groups"]})
+    print("RESULT " + json.dumps({"hooks": hooks, "steps": steps,
+                                  "unfinished": ray.get(
+                                      engines[0].get_num_unfinished_requests.remote())}))
+    ray.shutdown()
+'''
+
+
+def test_partial_rollouts_through_a_real_ray_actor(tmp_path):
+    """Partial rollouts through OpenRLHF's production path, in a subprocess: the
+    launcher's ``ray.init`` gives the job its setup hook (a Ray worker has OpenRLHF's
+    trainer side hooked: the experience maker and the partial generator), our actor is a
+    real Ray actor, and :class:`RLSamplesGenerator` runs OpenRLHF's ``generate_samples``
+    twice.  Step 1: two of four groups end within a few tokens, the generator ends the
+    step on the actor, the other two come back carried and stay in the buffer (plain
+    JSON).  Step 2 (every group awaited): the carried samples continue through
+    OpenRLHF's executor and their groups train whole, each continued sample's record
+    covering the whole sample, its first tokens and logprobs step 1's."""
+    from vllm_rl.integrations.openrlhf.actor import problem_id
+    from vllm_rl.task import heldout_prompts
+
+    (tmp_path / "fast_slow.py").write_text(FAST_SLOW)
+    script = tmp_path / "partial_rollout.py"
+    script.write_text(PARTIAL_SCRIPT)
+    first, second = heldout_prompts(8)[:4], heldout_prompts(8)[4:]
+    settings = {"flags": {"group": {"size": N}}, "policy": "fast_slow.FastSlow",
+                "partial": {"over": 2.0}, "engine": {"dtype": "float32", "max_num_seqs": 32}}
+    env = {**os.environ, "VLLM_RL_OPENRLHF": json.dumps(settings),
+           "VLLM_RL_TEST_FAST": json.dumps([problem_id(p) for p in first[:2] + second[:2]]),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path),
+                                          *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, str(script), json.dumps([first, second]), str(N)],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=480)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    result = json.loads(line[len("RESULT "):])
+    assert "openrlhf.trainer.ppo_trainer" in result["hooks"]
+    assert "openrlhf.trainer.ppo_utils.experience_maker" in result["hooks"]
+    one, two = result["steps"]
+    carried = [p for g in one["buffer"] for p in g["carried"]]
+    assert carried, "the plain groups were still generating: carried"
+    assert all(p["info"]["reason"] == "carried" and p["info"]["step"] == 1 for p in carried)
+    assert len(one["experiences"]) == N * len(one["groups"]) and len(one["groups"]) >= 2
+    assert len(one["groups"]) + len(one["buffer"]) == 4
+    assert not one["buffer"] or two["consumed"] == 4
+    assert not two["buffer"] and result["unfinished"] == 0
+    trained = [p for g in two["groups"] for p in g]
+    assert len(trained) == N * len(two["groups"])
+    # OpenRLHF serves one training chunk (batch_size x n) per call, the rest the next
+    assert len(two["experiences"]) == min(len(trained), 4 * N)
+    for part in carried:
+        match = [p for p in trained if p["tokens"][:len(part["token_ids"])] == part["token_ids"]
+                 and p["info"].get("start_step") == 1]
+        assert match, "a continued sample starts with its carried tokens"
+        info = match[0]["info"]
+        assert info["step"] == 2 and info["steps_crossed"] == 1
+        assert info["prior_tokens"] == len(part["token_ids"])
+        assert info["length"] == len(match[0]["tokens"])
+        assert match[0]["logprobs"][:len(part["logprobs"])] == pytest.approx(part["logprobs"])
+    assert max(e["carried_share"] for e in two["experiences"]) > 0

@@ -130,15 +130,17 @@ class Part:
     info: RolloutInfo
     seed: int | None = None          # its original request's seed (its coins)
     text: str | None = None
+    extra: Any = None                # the drop-in's own copy of it (OpenRLHF's response)
 
     def to_json(self) -> dict:
         return {"token_ids": self.token_ids, "logprobs": self.logprobs,
-                "info": self.info.to_json(), "seed": self.seed, "text": self.text}
+                "info": self.info.to_json(), "seed": self.seed, "text": self.text,
+                "extra": self.extra}
 
     @classmethod
     def from_json(cls, d: dict) -> "Part":
         return cls(list(d["token_ids"]), list(d["logprobs"]), RolloutInfo.from_json(d["info"]),
-                   d.get("seed"), d.get("text"))
+                   d.get("seed"), d.get("text"), d.get("extra"))
 
 
 @dataclass

@@ -18,7 +18,8 @@ holding the same keys as verl's ``rollout.engine_kwargs.vllm_rl``::
      "cost": ..., "trace": false,
      "flags": {"darts": {"mode": "shortest"}, "duet": {}, "group": {"size": 8}, ...},
      "policy": "pkg.module.RolloutPolicyClass",
-     "engine": {vLLM engine keywords that override OpenRLHF's, e.g. "dtype"}}
+     "engine": {vLLM engine keywords that override OpenRLHF's, e.g. "dtype"},
+     "partial": true | {PartialConfig fields}}      # partial rollouts (.partial)
 
 The launcher reads them once in the driver and hands them to every rollout actor as a
 constructor keyword, so they need not reach the Ray workers' environment.
@@ -34,13 +35,15 @@ from typing import Any
 CHECKED = ("0.11.2",)                 # OpenRLHF versions this integration was checked against
 ENV_SETTINGS = "VLLM_RL_OPENRLHF"     # JSON settings
 ENV_CONFIG = "VLLM_RL_OPENRLHF_CONFIG"  # path of a JSON / YAML settings file
+ENV_WORKER = "VLLM_RL_OPENRLHF_WORKER"  # the settings as the driver read them (JSON), in
+                                        # the job's Ray workers (the launcher sets it)
 SETTINGS_KWARG = "vllm_rl_settings"   # the actor's constructor keyword carrying them
 RECORD_KEY = "vllm_rl"                # response dict: the record (RolloutInfo wire string)
 FLAGS_KEY = "vllm_rl_flags"           # response dict: the flags the sample ran with (JSON)
 HIDDEN_KEY = "vllm_rl_hidden"         # response dict: ARRoL's hidden state at l_detect
                                       # (return_hidden: float32 numpy vector, else None)
 ENGINE_SETTINGS = ("das", "arrol", "cost", "trace")
-SETTINGS = (*ENGINE_SETTINGS, "flags", "policy", "engine")
+SETTINGS = (*ENGINE_SETTINGS, "flags", "policy", "engine", "partial")
 ENGINE_MODULE = "openrlhf.trainer.ray.vllm_engine"
 MAKER_MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
 TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -67,9 +70,12 @@ def check_version() -> None:
 
 
 def load_settings(environ: dict | None = None) -> dict[str, Any]:
-    """The settings from ``VLLM_RL_OPENRLHF`` (JSON) or ``VLLM_RL_OPENRLHF_CONFIG`` (a file);
-    an empty dict when neither is set.  Both set, or an unknown key: ``ValueError``."""
+    """The settings from ``VLLM_RL_OPENRLHF`` (JSON) or ``VLLM_RL_OPENRLHF_CONFIG`` (a file)
+    (in the launcher's Ray workers: ``VLLM_RL_OPENRLHF_WORKER``, what the driver read); an
+    empty dict when none is set.  Both set, or an unknown key: ``ValueError``."""
     env = os.environ if environ is None else environ
+    if env.get(ENV_WORKER):               # a Ray worker of the launcher's job
+        return check_settings(json.loads(env[ENV_WORKER]), ENV_WORKER)
     raw, path = env.get(ENV_SETTINGS), env.get(ENV_CONFIG)
     if raw and path:
         raise ValueError(f"set {ENV_SETTINGS} or {ENV_CONFIG}, not both")
@@ -102,4 +108,7 @@ def check_settings(settings: Any, source: str = "settings") -> dict[str, Any]:
     from vllm_rl.integrations.common.policy import load_policy
 
     load_policy(settings)            # bad flags / policy fail here, in the driver
+    from vllm_rl.integrations.common.partial import PartialConfig
+
+    PartialConfig.of(settings.get("partial"))      # a bad setting fails here too
     return dict(settings)

@@ -23,6 +23,10 @@ methods: ``generate_responses``, ``generate``, ``get_num_unfinished_requests``,
   ``extra_logs`` carrying the weight, which reaches ``Experience.info``); with ARRoL's
   ``return_hidden`` also the hidden states at ``l_detect``, taken from the workers in one
   ``arrol_hidden`` call per ``generate_responses`` call;
+* partial rollouts (:mod:`.partial`): ``generate_responses`` takes the step's
+  ``partial`` flags, ``continue_responses`` continues a carried group's samples through
+  OpenRLHF's executor (the engine gets the prompt and the tokens so far; the executor
+  sees the whole sample), ``end_step`` ends a step on this engine;
 * ``update_weight`` / ``update_weight_cuda_ipc``: at the last parameter of a sync
   (OpenRLHF's ``empty_cache=True``) the weight sync's cache side follows the load
   (:func:`vllm_rl.weights.weight_sync_async`).  OpenRLHF resets the prefix cache
@@ -63,8 +67,10 @@ from vllm_rl.integrations.openrlhf import (  # noqa: E402
     load_settings,
 )
 from vllm_rl.integrations.openrlhf.worker import WORKER_EXTENSION  # noqa: E402
+from vllm_rl.integrations.common.partial import Part, end_step_async, merge  # noqa: E402
 from vllm_rl.integrations.common.rpc import RLStateRPC  # noqa: E402
-from vllm_rl.outcome import hidden_ids, record_of, with_hidden  # noqa: E402
+from vllm_rl.integrations.openrlhf import FLAGS_KEY, HIDDEN_KEY, RECORD_KEY  # noqa: E402
+from vllm_rl.outcome import Reason, hidden_ids, record_of, with_hidden  # noqa: E402
 
 OPENRLHF_WORKER = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"
 ORIGINAL = vllm_engine.RolloutRayActor                 # OpenRLHF's Ray actor class
@@ -73,11 +79,37 @@ _BASE = ORIGINAL.__ray_actor_class__                   # ... and the plain class
 
 @dataclass
 class _SampleState:
-    """One sample of a ``generate_responses`` call (lives in its asyncio task's context)."""
+    """One sample of a ``generate_responses`` call (lives in its asyncio task's context);
+    a continuation's earlier part and seed (``continue_responses``)."""
 
     flags: dict | None
     sent: bool = False
     records: list = field(default_factory=list)
+    prior: Part | None = None
+    seed: int | None = None
+
+
+def whole_sample(output, prior: Part):
+    """A continuation's ``RequestOutput`` as the whole sample: its completion's tokens,
+    logprobs and text after the earlier part's, its record joined to the earlier one
+    (:func:`~vllm_rl.integrations.common.partial.merge`)."""
+    from vllm.logprobs import Logprob
+
+    c = copy.copy(output.outputs[0])
+    new = list(c.token_ids)
+    lps = ([lp[t].logprob for lp, t in zip(c.logprobs, new)] if c.logprobs
+           else [0.0] * len(new))
+    info = record_of(c)
+    if info is not None:
+        c.rollout_info = merge(prior, new, lps, info).info
+    if c.logprobs is not None:
+        c.logprobs = [{t: Logprob(lp)} for t, lp in zip(prior.token_ids, prior.logprobs)] \
+            + list(c.logprobs)
+    c.token_ids = prior.token_ids + new
+    c.text = (prior.text or "") + (c.text or "")
+    out = copy.copy(output)
+    out.outputs = [c, *output.outputs[1:]]
+    return out
 
 
 _SAMPLE: contextvars.ContextVar[_SampleState | None] = contextvars.ContextVar(
@@ -148,24 +180,40 @@ class RLRolloutActor(RLStateRPC, _BASE):
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
         state = _SAMPLE.get()
+        prior = None
         if state is not None and state.flags is not None and not state.sent:
             sampling_params = copy.deepcopy(sampling_params)
             extra = dict(sampling_params.extra_args or {})
             extra["vllm_rl"] = copy.deepcopy(state.flags)
             sampling_params.extra_args = extra
             state.sent = True
+            prior = state.prior
+            if prior is not None:        # a continuation: the prompt and its tokens so far
+                prompt_token_ids = list(prompt_token_ids) + prior.token_ids
+                sampling_params.max_tokens = max(
+                    1, sampling_params.max_tokens - len(prior.token_ids))
+                if state.seed is not None:
+                    sampling_params.seed = state.seed
         output = await super().generate(prompt_token_ids, sampling_params, multi_modal_data)
         if state is not None and output is not None and output.outputs:
+            if prior is not None:
+                output = whole_sample(output, prior)
             state.records.append(record_of(output.outputs[0]))
         return output
 
     async def generate_responses(self, prompt, label, sampling_params, max_length: int,
-                                 hf_tokenizer, num_samples: int = 1, images=None):
+                                 hf_tokenizer, num_samples: int = 1, images=None,
+                                 vllm_rl_partial: dict | None = None):
         """OpenRLHF's: ``num_samples`` samples of one prompt, now one group, each response
-        with its record, flags and training marks (:func:`.records.attach`)."""
+        with its record, flags and training marks (:func:`.records.attach`).
+        ``vllm_rl_partial``: the step's ``partial`` flags (partial rollouts, :mod:`.partial`):
+        a group with a carried sample comes back with records and flags but no marks (the
+        generator marks it once it is complete)."""
         from vllm_rl.integrations.openrlhf.records import attach
 
         flags = self.rl_flags(prompt, num_samples)
+        if flags is not None and vllm_rl_partial:
+            flags["partial"] = dict(vllm_rl_partial)
 
         async def one():
             state = _SampleState(flags=flags)
@@ -185,7 +233,35 @@ class RLRolloutActor(RLStateRPC, _BASE):
         ids = hidden_ids(infos)
         if ids:                         # return_hidden: the vectors stayed on the workers
             infos = with_hidden(infos, await self.arrol_hidden(ids))
+        if any(i is not None and i.reason is Reason.CARRIED for i in infos):
+            return _with_records(responses, infos, flags)
         return attach(responses, infos, flags)
+
+    async def continue_responses(self, prompt, label, sampling_params, max_length: int,
+                                 hf_tokenizer, members: list[dict], images=None):
+        """Partial rollouts: a carried group's carried samples, each continued as
+        OpenRLHF's executor runs a sample (``members``: each one's earlier part, as
+        ``Part.to_json``, its continuation flags and seed); each response is the whole
+        sample, with its record and flags and no marks (the generator holds the group's
+        other members)."""
+        async def one(member):
+            state = _SampleState(flags=member["flags"], prior=Part.from_json(member["part"]),
+                                 seed=member.get("seed"))
+            _SAMPLE.set(state)          # this task's context only
+            response = await self.executor.execute(
+                prompt=prompt, label=label, sampling_params=sampling_params,
+                max_length=max_length, hf_tokenizer=hf_tokenizer, llm_engine=self,
+                images=images)
+            return response, (state.records[0] if state.records else None)
+
+        results = await asyncio.gather(*(asyncio.ensure_future(one(m)) for m in members))
+        return [_with_records([r], [info], m["flags"])[0]
+                for (r, info), m in zip(results, members)]
+
+    async def end_step(self, step: int) -> int:
+        """End trainer step ``step`` on this engine (partial rollouts: the generator
+        counted enough complete groups); how many samples it carries."""
+        return await end_step_async(self.llm, step)
 
     # -- weight syncs -----------------------------------------------------------------
     async def update_weight(self, name, dtype, shape, empty_cache=False):
@@ -219,6 +295,17 @@ class RLRolloutActor(RLStateRPC, _BASE):
     async def flush_weights(self) -> int:
         """Load weights received but not yet loaded (normally done at the last one)."""
         return await self.rl_rpc("vllm_rl_flush_weights")
+
+
+def _with_records(responses: list[dict], infos: list, flags: dict | None) -> list[dict]:
+    """Each response with its record and flags, unmarked (its group is not complete)."""
+    wire = json.dumps({k: v for k, v in (flags or {}).items() if k != "partial"},
+                      sort_keys=True) if flags is not None else None
+    for response, info in zip(responses, infos):
+        response[RECORD_KEY] = info.encode() if info is not None else None
+        response[FLAGS_KEY] = wire
+        response[HIDDEN_KEY] = info.hidden_state() if info is not None else None
+    return responses
 
 
 RLRolloutRayActor = ray.remote(RLRolloutActor)
