@@ -558,8 +558,10 @@ if __name__ == "__main__":
     for step in range(2):
         if step == 1:
             gen.rl_partial = PartialConfig(over=1.0)     # step 2 awaits every group
+        # min_new_tokens: the plain samples run at least 40 tokens, the gated ones end
+        # at 8 whatever it says, so the plain ones are generating when the step ends
         exps, _, consumed, _ = gen.generate_samples(max_new_tokens=96, max_len=512,
-                                                    temperature=1.0)
+                                                    min_new_tokens=40, temperature=1.0)
         state = json.loads(json.dumps(gen.state_dict()))
         steps.append({"consumed": consumed, "groups": seen[-1],
                       "experiences": [{"keep": float(e.info["vllm_rl/keep"]),

@@ -793,6 +793,46 @@ def test_partial_rollouts_carry_groups_across_verls_steps(verl_cluster, transfer
         loops.close()
 
 
+def test_partial_rollouts_buffer_rides_in_verls_checkpoint(tmp_path, monkeypatch):
+    """The trainer mode keeps the carried groups in each checkpoint (beside verl's
+    ``data.pt``) and restores them on resume; ``loss="tis"`` refuses a verl config that
+    would not run verl's token-level TIS.  verl's own save and load (the GPU worker
+    groups' checkpoints) are stood in for by the step-folder bookkeeping they do."""
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from vllm_rl.integrations.common.partial import CarriedGroup, Part
+    from vllm_rl.integrations.verl.partial import CHECKPOINT_FILE
+
+    monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", lambda self: None)
+    monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint",
+                        lambda self: setattr(self, "global_steps", 3))
+    args = ("trainer.v1.trainer_mode=vllm_rl_sync", f"trainer.default_local_dir={tmp_path}",
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm_rl.partial.over=2")
+    trainer = get_trainer_cls("vllm_rl_sync")(verl_config(*args))
+    part = Part([5, 6, 7], [-0.5, -0.25, -1.0],
+                RolloutInfo(reason=Reason.CARRIED, length=3, group_id="u-1", step=3,
+                            start_step=2))
+    trainer.partial.buffer.groups.append(CarriedGroup(
+        "u-1", [1, 2], {"group": {"id": "u-1", "size": 2}}, "u-1", 2, 4, 2,
+        ended=[part], carried=[part], row={"uid": "u-1", "index": 7}))
+    trainer.global_steps = 3
+    trainer._save_checkpoint()
+    assert (tmp_path / "global_step_3" / CHECKPOINT_FILE).exists()
+    resumed = get_trainer_cls("vllm_rl_sync")(verl_config(*args))
+    resumed._load_checkpoint()
+    assert resumed.partial.state_dict() == trainer.partial.state_dict()
+    (g,) = resumed.partial.buffer.groups
+    assert g.carried[0].info.reason is Reason.CARRIED and g.row == {"uid": "u-1", "index": 7}
+    with pytest.raises(ValueError, match="rollout_is=token"):
+        get_trainer_cls("vllm_rl_sync")(verl_config(
+            *args, "+actor_rollout_ref.rollout.engine_kwargs.vllm_rl.partial.loss=tis"))
+    tis = get_trainer_cls("vllm_rl_sync")(verl_config(
+        *args, "+actor_rollout_ref.rollout.engine_kwargs.vllm_rl.partial.loss=tis",
+        "algorithm.rollout_correction.rollout_is=token"))
+    assert tis.partial.cfg.loss == "tis"
+
+
 def test_arrol_feedback_trains_calibrates_and_pushes(verl_cluster, rollout_batch):
     """ARRoL's trainer side on real records and the task's verifier: the records name
     their hidden states at l_detect (hidden_id), taken from the server actor
