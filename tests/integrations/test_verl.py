@@ -779,12 +779,13 @@ def test_partial_rollouts_carry_groups_across_verls_steps(verl_cluster, transfer
             rows = [r for r in second if r[0] == uid]
             for part in carried:               # its whole sample: step 1's part, then more
                 match = [r for r in rows if r[1][:len(part.token_ids)] == part.token_ids
-                         and r[3].start_step == 1 and r[3].steps_crossed == 1]
+                         and r[3].start_step == 1 and r[3].steps_crossed == 1
+                         and r[3].prior_tokens == len(part.token_ids)]
                 assert match, "a continued sample starts with its carried tokens"
                 _, tokens, logprobs, info = match[0]
                 assert logprobs[:len(part.logprobs)] == pytest.approx(part.logprobs)
                 assert info.step == 2 and info.reason is not Reason.CARRIED
-                assert info.length == len(tokens) and info.prior_tokens == len(part.token_ids)
+                assert info.length == len(tokens)
             for part in ended:                 # ended in step 1, trained with its group now
                 assert any(r[1] == part.token_ids and r[3].step == 1 for r in rows)
         assert 0.0 < metrics["vllm_rl/carried_share"] <= 1.0

@@ -35,6 +35,7 @@ nothing carried.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -256,5 +257,43 @@ class CarryPayload:
         return cls(list(d["prompt_ids"]), d.get("flags"), list(d["members"]))
 
 
+def check_tis(config, cfg: PartialConfig) -> None:
+    """``partial.loss="tis"`` is verl's own token-level truncated importance sampling
+    over each token's rollout logprob: refuse a configuration that would not run it."""
+    rc = config.algorithm.get("rollout_correction", None) or {}
+    want = {"algorithm.rollout_correction.rollout_is": "token",
+            "algorithm.rollout_correction.rollout_is_threshold": cfg.tis_cap,
+            "actor_rollout_ref.rollout.calculate_log_probs": True}
+    got = {"algorithm.rollout_correction.rollout_is": rc.get("rollout_is"),
+           "algorithm.rollout_correction.rollout_is_threshold": _float(
+               rc.get("rollout_is_threshold")),
+           "actor_rollout_ref.rollout.calculate_log_probs": bool(
+               config.actor_rollout_ref.rollout.get("calculate_log_probs"))}
+    wrong = {k: got[k] for k in want if got[k] != want[k]}
+    if wrong:
+        raise ValueError("rollout.engine_kwargs.vllm_rl.partial.loss=tis runs verl's "
+                         "token-level TIS; set " + ", ".join(f"{k}={want[k]}" for k in wrong)
+                         + f" (found {wrong})")
+
+
+def _float(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def checkpoint_folder(config, step: int) -> str:
+    """The ``global_step_{step}`` folder verl resumed from (``resume_from_path``, else
+    under ``default_local_dir``)."""
+    trainer = config.trainer
+    if trainer.get("resume_mode") == "resume_path" and trainer.get("resume_from_path"):
+        folder = trainer.resume_from_path
+    else:
+        folder = os.path.join(trainer.default_local_dir, f"global_step_{step}")
+    return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+
+
 __all__ = ["CARRY_KEY", "CHECKPOINT_FILE", "CarryPayload", "Launched", "PartialRollouts",
-           "PartialSampling", "RULE_KEY", "Sample", "batch_of", "rows_of"]
+           "PartialSampling", "RULE_KEY", "Sample", "batch_of", "check_tis",
+           "checkpoint_folder", "rows_of"]

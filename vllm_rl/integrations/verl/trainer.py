@@ -60,6 +60,8 @@ from vllm_rl.integrations.verl.partial import (
     PartialRollouts,
     PartialSampling,
     Sample,
+    check_tis,
+    checkpoint_folder,
 )
 from vllm_rl.integrations.verl.server import engine_settings
 from vllm_rl.outcome import RolloutInfo, hidden_ids, with_hidden
@@ -140,12 +142,13 @@ class RLTrainerSync(PPOTrainerSync):
     def _carry(self, batch: KVBatchMeta, extra: list, metrics: dict) -> list[bool]:
         """Partial rollouts: the groups with a carried sample go back into the buffer
         (their rows leave TransferQueue and the batch); which samples stay."""
+        logged = bool(self.config.actor_rollout_ref.rollout.get("calculate_log_probs"))
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["uid", "prompts", "responses",
-                                              "rollout_log_probs"])
+                               select_fields=["uid", "prompts", "responses"]
+                               + (["rollout_log_probs"] if logged else []))
         uids, prompts = rows(data["uid"]), data["prompts"].unbind()
         responses = data["responses"].unbind()
-        logprobs = (data["rollout_log_probs"].unbind() if "rollout_log_probs" in data.keys()
+        logprobs = (data["rollout_log_probs"].unbind() if logged
                     else [None] * len(responses))
         samples = []
         for key, uid, p, r, lp, e in zip(batch.keys, uids, prompts, responses, logprobs,
@@ -253,40 +256,3 @@ class RLTrainerSync(PPOTrainerSync):
         update = self._feedback.observe(infos, rewards)
         if update is not None:
             ray.get([r.server_handle.arrol_update.remote(**update) for r in replicas])
-
-
-def check_tis(config, cfg: PartialConfig) -> None:
-    """``partial.loss="tis"`` is verl's own token-level truncated importance sampling
-    over each token's rollout logprob: refuse a configuration that would not run it."""
-    rc = config.algorithm.get("rollout_correction", None) or {}
-    want = {"algorithm.rollout_correction.rollout_is": "token",
-            "algorithm.rollout_correction.rollout_is_threshold": cfg.tis_cap,
-            "actor_rollout_ref.rollout.calculate_log_probs": True}
-    got = {"algorithm.rollout_correction.rollout_is": rc.get("rollout_is"),
-           "algorithm.rollout_correction.rollout_is_threshold": _float(
-               rc.get("rollout_is_threshold")),
-           "actor_rollout_ref.rollout.calculate_log_probs": bool(
-               config.actor_rollout_ref.rollout.get("calculate_log_probs"))}
-    wrong = {k: got[k] for k in want if got[k] != want[k]}
-    if wrong:
-        raise ValueError("rollout.engine_kwargs.vllm_rl.partial.loss=tis runs verl's "
-                         "token-level TIS; set " + ", ".join(f"{k}={want[k]}" for k in wrong)
-                         + f" (found {wrong})")
-
-
-def _float(value):
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return value
-
-
-def checkpoint_folder(config, step: int) -> str:
-    """The ``global_step_{step}`` folder verl resumed from (``resume_from_path``, else
-    under ``default_local_dir``)."""
-    trainer = config.trainer
-    if trainer.get("resume_mode") == "resume_path" and trainer.get("resume_from_path"):
-        folder = trainer.resume_from_path
-    else:
-        folder = os.path.join(trainer.default_local_dir, f"global_step_{step}")
-    return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
