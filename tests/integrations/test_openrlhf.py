@@ -425,73 +425,6 @@ def test_launcher_runs_train_ppo_ray_and_records_reach_the_advantages(step):
     assert result["reinforce_baseline"] == pytest.approx(want, abs=1e-4)
 
 
-RAY_SCRIPT = r'''
-import json, os, sys
-from types import SimpleNamespace as NS
-
-if __name__ == "__main__":
-    import ray
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False)   # a declared, fake GPU
-    from vllm_rl.integrations.openrlhf.launcher import patch
-    patch(experience=False)             # settings from VLLM_RL_OPENRLHF, read here
-    from openrlhf.trainer.ray.vllm_engine import create_vllm_engines
-    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
-    from transformers import AutoTokenizer
-    from vllm_rl.task import MODEL_PATH, heldout_prompts
-    engines = create_vllm_engines(1, 1, str(MODEL_PATH), 0, False, True, True, 512,
-                                  gpu_memory_utilization=None)
-    gen = SamplesGenerator.__new__(SamplesGenerator)
-    gen.args = NS(algo=NS(advantage=NS(is_correction_level="token")),
-                  rollout=NS(n_samples_per_prompt=int(sys.argv[1])))
-    gen.tokenizer = AutoTokenizer.from_pretrained(str(MODEL_PATH))
-    gen.vllm_engines = engines
-    prompts = heldout_prompts(3)
-    batches = iter([(None, prompts, ["a", "b", "c"], [None] * 3)])
-    exps, consumed, _ = gen._generate_vllm(batches, 3, False, max_new_tokens=64, max_len=512,
-                                           temperature=1.0)
-    engine = engines[0]
-    ray.get(engine.pause_generation.remote())
-    ray.get(engine.resume_generation.remote())
-    ray.get(engine.reset_prefix_cache.remote())
-    print("RESULT " + json.dumps({
-        "consumed": consumed,
-        "samples": [{"keep": float(e.info["vllm_rl/keep"]),
-                     "weight": float(e.info["vllm_rl/weight"]),
-                     "mask": int(e.action_mask.sum()), "prompt": e.prompts[0]} for e in exps],
-        "problems": ray.get(engine.das_stats.remote())["problems"],
-        "unfinished": ray.get(engine.get_num_unfinished_requests.remote()),
-        "actor": type(engine).__name__}))
-    ray.shutdown()
-'''
-
-
-def test_real_ray_actor_through_openrlhfs_samples_generator(tmp_path):
-    """The production path in a subprocess: a Ray cluster declaring one (fake) GPU, so
-    OpenRLHF's own placement group is created; create_vllm_engines builds our actor as a
-    real Ray actor in its own worker (settings from the driver's environment); OpenRLHF's
-    SamplesGenerator._generate_vllm dispatches with ray.wait / ray.get and makes the
-    experiences."""
-    script = tmp_path / "ray_rollout.py"
-    script.write_text(RAY_SCRIPT)
-    env = {**os.environ, "VLLM_RL_OPENRLHF": json.dumps(SETTINGS)}
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, str(script), str(N)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=480)
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    result = json.loads(line[len("RESULT "):])
-    assert result["consumed"] == 3 and result["unfinished"] == 0
-    assert result["problems"] == 3                   # one DAS tree per prompt
-    samples = result["samples"]
-    assert len(samples) == 3 * N
-    for prompt in {s["prompt"] for s in samples}:
-        group = [s for s in samples if s["prompt"] == prompt]
-        assert len(group) == N
-        assert sum(s["keep"] for s in group) <= M
-        for s in group:
-            assert (s["mask"] > 0) == (s["keep"] == 1.0) and s["weight"] == s["keep"]
-
-
 FAST_SLOW = r'''
 import json, os
 
@@ -511,15 +444,16 @@ class FastSlow(StaticPolicy):
         return out
 '''
 
-PARTIAL_SCRIPT = r'''
+
+RAY_SCRIPT = r'''
 import json, sys
 from types import SimpleNamespace as NS
 
 if __name__ == "__main__":
     import ray
     from vllm_rl.integrations.openrlhf.launcher import patch, ray_init
-    replaced = patch()                  # settings (partial on) from VLLM_RL_OPENRLHF
-    ray_init(replaced.settings)(num_cpus=2, num_gpus=1, include_dashboard=False)
+    replaced = patch()                  # settings from VLLM_RL_OPENRLHF, read here
+    ray_init(replaced.settings)(num_cpus=2, num_gpus=1, include_dashboard=False)  # a fake GPU
 
     @ray.remote(num_cpus=0)
     def worker_side():                  # what the job's setup hook did in a Ray worker
@@ -528,23 +462,44 @@ if __name__ == "__main__":
 
     hooks = ray.get(worker_side.remote())
     from openrlhf.trainer.ray.vllm_engine import create_vllm_engines
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
     from transformers import AutoTokenizer
     from vllm_rl.integrations.common.partial import PartialConfig
     from vllm_rl.integrations.openrlhf.partial import RLSamplesGenerator
     from vllm_rl.task import MODEL_PATH
 
-    prompts = json.loads(sys.argv[1])
-    n = int(sys.argv[2])
+    stock_prompts, prompts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    n = int(sys.argv[3])
     engines = create_vllm_engines(1, 1, str(MODEL_PATH), 0, False, True, True, 512,
                                   gpu_memory_utilization=None)
+    engine = engines[0]
+    tokenizer = AutoTokenizer.from_pretrained(str(MODEL_PATH))
     args = NS(algo=NS(advantage=NS(is_correction_level="token"), dynamic_filtering_enable=False),
               rollout=NS(n_samples_per_prompt=n, batch_size=len(prompts[0])),
               vllm=NS(enable_sleep=False))
+
+    # OpenRLHF's own generator, one rollout
+    gen = SamplesGenerator.__new__(SamplesGenerator)
+    gen.args, gen.tokenizer, gen.vllm_engines = args, tokenizer, engines
+    batches = iter([(None, stock_prompts, ["a", "b", "c"], [None] * 3)])
+    exps, consumed, _ = gen._generate_vllm(batches, 3, False, max_new_tokens=64, max_len=512,
+                                           temperature=1.0)
+    ray.get(engine.pause_generation.remote())
+    ray.get(engine.resume_generation.remote())
+    ray.get(engine.reset_prefix_cache.remote())
+    stock = {"consumed": consumed,
+             "samples": [{"keep": float(e.info["vllm_rl/keep"]),
+                          "weight": float(e.info["vllm_rl/weight"]),
+                          "mask": int(e.action_mask.sum()), "prompt": e.prompts[0]}
+                         for e in exps],
+             "problems": ray.get(engine.das_stats.remote())["problems"],
+             "unfinished": ray.get(engine.get_num_unfinished_requests.remote()),
+             "actor": type(engine).__name__}
+
+    # partial rollouts: two steps of the launcher's generator
     batches = [(None, p, [str(i) for i in range(len(p))], [None] * len(p)) for p in prompts]
     gen = RLSamplesGenerator(strategy=NS(args=args), prompts_dataloader=batches,
-                             eval_dataloader=None,
-                             tokenizer=AutoTokenizer.from_pretrained(str(MODEL_PATH)),
-                             vllm_engines=engines)
+                             eval_dataloader=None, tokenizer=tokenizer, vllm_engines=engines)
     seen = []
     experiences_of = gen._rl_experiences
 
@@ -570,52 +525,81 @@ if __name__ == "__main__":
                                            float(e.info["vllm_rl/diag/carried_share"])}
                                       for e in exps],
                       "buffer": state["buffer"]["groups"]})
-    print("RESULT " + json.dumps({"hooks": hooks, "steps": steps,
-                                  "unfinished": ray.get(
-                                      engines[0].get_num_unfinished_requests.remote())}))
+    print("RESULT " + json.dumps({
+        "hooks": hooks, "stock": stock, "steps": steps,
+        "unfinished": ray.get(engine.get_num_unfinished_requests.remote())}))
     ray.shutdown()
 '''
 
 
-def test_partial_rollouts_through_a_real_ray_actor(tmp_path):
-    """Partial rollouts through OpenRLHF's production path, in a subprocess: the
-    launcher's ``ray.init`` gives the job its setup hook (a Ray worker has OpenRLHF's
-    trainer side hooked: the experience maker and the partial generator), our actor is a
-    real Ray actor, and :class:`RLSamplesGenerator` runs OpenRLHF's ``generate_samples``
-    twice.  Step 1: two of four groups end within a few tokens, the generator ends the
-    step on the actor, the other two come back carried and stay in the buffer (plain
-    JSON).  Step 2 (every group awaited): the carried samples continue through
-    OpenRLHF's executor and their groups train whole, each continued sample's record
-    covering the whole sample, its first tokens and logprobs step 1's."""
+@pytest.fixture(scope="module")
+def ray_run(tmp_path_factory):
+    """The production path in a subprocess, once: a Ray cluster declaring one (fake) GPU,
+    so OpenRLHF's own placement group is created; the launcher's ``ray.init`` gives the
+    job its setup hook; ``create_vllm_engines`` builds our actor as a real Ray actor in
+    its own worker (settings from the driver's environment: DAS, DARTS, partial
+    rollouts, and a policy putting DUET's gate on the ``FAST`` problems); then OpenRLHF's
+    ``SamplesGenerator._generate_vllm`` on three prompts, and two steps of
+    :class:`RLSamplesGenerator` on four prompts each."""
     from vllm_rl.integrations.openrlhf.actor import problem_id
     from vllm_rl.task import heldout_prompts
 
-    (tmp_path / "fast_slow.py").write_text(FAST_SLOW)
-    script = tmp_path / "partial_rollout.py"
-    script.write_text(PARTIAL_SCRIPT)
-    first, second = heldout_prompts(8)[:4], heldout_prompts(8)[4:]
-    settings = {"flags": {"group": {"size": N}}, "policy": "fast_slow.FastSlow",
-                "partial": {"over": 2.0}, "engine": {"dtype": "float32", "max_num_seqs": 32}}
+    path = tmp_path_factory.mktemp("ray")
+    (path / "fast_slow.py").write_text(FAST_SLOW)
+    script = path / "ray_rollout.py"
+    script.write_text(RAY_SCRIPT)
+    held = heldout_prompts(11)
+    first, second, stock = held[:4], held[4:8], held[8:]
+    settings = {**SETTINGS, "policy": "fast_slow.FastSlow", "partial": {"over": 2.0}}
     env = {**os.environ, "VLLM_RL_OPENRLHF": json.dumps(settings),
            "VLLM_RL_TEST_FAST": json.dumps([problem_id(p) for p in first[:2] + second[:2]]),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(path),
                                           *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, str(script), json.dumps([first, second]), str(N)],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=480)
+    proc = subprocess.run([sys.executable, str(script), json.dumps(stock),
+                           json.dumps([first, second]), str(N)],
+                          env=env, cwd=path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    result = json.loads(line[len("RESULT "):])
-    assert "openrlhf.trainer.ppo_trainer" in result["hooks"]
-    assert "openrlhf.trainer.ppo_utils.experience_maker" in result["hooks"]
-    one, two = result["steps"]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_real_ray_actor_through_openrlhfs_samples_generator(ray_run):
+    """OpenRLHF's ``SamplesGenerator._generate_vllm`` dispatches to the real Ray actor with
+    ``ray.wait`` / ``ray.get`` and makes the experiences, marked per group; a Ray worker
+    of the job has OpenRLHF's trainer side hooked (the experience maker, and with
+    ``partial`` the generator)."""
+    result = ray_run["stock"]
+    assert "openrlhf.trainer.ppo_trainer" in ray_run["hooks"]
+    assert "openrlhf.trainer.ppo_utils.experience_maker" in ray_run["hooks"]
+    assert result["consumed"] == 3 and result["unfinished"] == 0
+    assert result["problems"] == 3                   # one DAS tree per prompt
+    samples = result["samples"]
+    assert len(samples) == 3 * N
+    for prompt in {s["prompt"] for s in samples}:
+        group = [s for s in samples if s["prompt"] == prompt]
+        assert len(group) == N
+        assert sum(s["keep"] for s in group) <= M
+        for s in group:
+            assert (s["mask"] > 0) == (s["keep"] == 1.0) and s["weight"] == s["keep"]
+
+
+def test_partial_rollouts_through_a_real_ray_actor(ray_run):
+    """Partial rollouts on the same actor: :class:`RLSamplesGenerator` runs OpenRLHF's
+    ``generate_samples`` twice.  Step 1: the two DUET-gated groups end within a few
+    tokens, the generator ends the step on the actor, the other two come back carried
+    and stay in the buffer (plain JSON).  Step 2 (every group awaited): the carried
+    samples continue through OpenRLHF's executor and their groups train whole (DARTS's
+    shortest-M across the two steps), each continued sample's record covering the whole
+    sample, its first tokens and logprobs step 1's."""
+    one, two = ray_run["steps"]
     carried = [p for g in one["buffer"] for p in g["carried"]]
     assert carried, "the plain groups were still generating: carried"
     assert all(p["info"]["reason"] == "carried" and p["info"]["step"] == 1 for p in carried)
     assert len(one["experiences"]) == N * len(one["groups"]) and len(one["groups"]) >= 2
     assert len(one["groups"]) + len(one["buffer"]) == 4
     assert not one["buffer"] or two["consumed"] == 4
-    assert not two["buffer"] and result["unfinished"] == 0
+    assert not two["buffer"] and ray_run["unfinished"] == 0
     trained = [p for g in two["groups"] for p in g]
     assert len(trained) == N * len(two["groups"])
     # OpenRLHF serves one training chunk (batch_size x n) per call, the rest the next
@@ -630,4 +614,9 @@ def test_partial_rollouts_through_a_real_ray_actor(tmp_path):
         assert info["step"] == 2 and info["steps_crossed"] == 1
         assert info["length"] == len(match[0]["tokens"])
         assert match[0]["logprobs"][:len(part["logprobs"])] == pytest.approx(part["logprobs"])
-    assert max(e["carried_share"] for e in two["experiences"]) > 0
+    continued = [p for p in trained if p["info"].get("start_step") == 1]
+    for g in two["groups"]:                    # DARTS: the M shortest of a continued group
+        members = [p for p in g if p["info"].get("start_step") == 1]
+        if len(members) == N:
+            assert sum(bool(p["info"].get("selected")) for p in members) <= M
+    assert continued and max(e["carried_share"] for e in two["experiences"]) > 0
