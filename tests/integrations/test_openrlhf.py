@@ -320,6 +320,15 @@ assert isinstance(vllm_engine.RolloutRayActor, RLActorClass)
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.experience import Experience
 assert getattr(RemoteExperienceMaker.compute_advantages_and_returns, "__vllm_rl_wrapped__")
+# a Ray worker's setup hook with partial rollouts on: OpenRLHF's own trainer module gets
+# the partial generator (its PPOTrainer still builds SamplesGenerator by name) and the
+# checkpoint hooks
+from vllm_rl.integrations.openrlhf.launcher import setup_worker
+from vllm_rl.integrations.openrlhf.partial import RLSamplesGenerator
+setup_worker({"partial": {"over": 2}})
+import openrlhf.trainer.ppo_trainer as ppo_trainer
+assert ppo_trainer.SamplesGenerator is RLSamplesGenerator
+assert getattr(ppo_trainer.BasePPOTrainer.save_logs_and_checkpoints, "__vllm_rl_wrapped__")
 
 data = torch.load(sys.argv[1], weights_only=False)
 n = data["n"]
@@ -378,7 +387,8 @@ def _kept_only(rewards, keep, weight, n, estimator):
 
 def test_launcher_runs_train_ppo_ray_and_records_reach_the_advantages(step):
     """In a subprocess (flash_attn stubbed): the launcher runs OpenRLHF's own
-    train_ppo_ray parser with both patches in place; OpenRLHF's
+    train_ppo_ray parser with its patches in place; the workers' setup hook with partial
+    rollouts puts the partial generator into OpenRLHF's own trainer module; OpenRLHF's
     compute_advantages_and_returns, wrapped, gives each kept sample the kept-only
     group estimator times its weight, and the left-out ones nothing."""
     import torch
