@@ -215,17 +215,10 @@ class RLRolloutActor(RLStateRPC, _BASE):
         if flags is not None and vllm_rl_partial:
             flags["partial"] = dict(vllm_rl_partial)
 
-        async def one():
-            state = _SampleState(flags=flags)
-            _SAMPLE.set(state)          # this task's context only
-            response = await self.executor.execute(
-                prompt=prompt, label=label, sampling_params=sampling_params,
-                max_length=max_length, hf_tokenizer=hf_tokenizer, llm_engine=self,
-                images=images)
-            return response, (state.records[0] if state.records else None)
-
-        results = await asyncio.gather(*(asyncio.ensure_future(one())
-                                         for _ in range(num_samples)))
+        results = await self._run_samples(
+            [_SampleState(flags=flags) for _ in range(num_samples)], prompt=prompt,
+            label=label, sampling_params=sampling_params, max_length=max_length,
+            hf_tokenizer=hf_tokenizer, images=images)
         responses = [r for r, _ in results]
         if flags is None:
             return responses
@@ -244,19 +237,23 @@ class RLRolloutActor(RLStateRPC, _BASE):
         ``Part.to_json``, its continuation flags and seed); each response is the whole
         sample, with its record and flags and no marks (the generator holds the group's
         other members)."""
-        async def one(member):
-            state = _SampleState(flags=member["flags"], prior=Part.from_json(member["part"]),
-                                 seed=member.get("seed"))
-            _SAMPLE.set(state)          # this task's context only
-            response = await self.executor.execute(
-                prompt=prompt, label=label, sampling_params=sampling_params,
-                max_length=max_length, hf_tokenizer=hf_tokenizer, llm_engine=self,
-                images=images)
-            return response, (state.records[0] if state.records else None)
-
-        results = await asyncio.gather(*(asyncio.ensure_future(one(m)) for m in members))
+        states = [_SampleState(flags=m["flags"], prior=Part.from_json(m["part"]),
+                               seed=m.get("seed")) for m in members]
+        results = await self._run_samples(
+            states, prompt=prompt, label=label, sampling_params=sampling_params,
+            max_length=max_length, hf_tokenizer=hf_tokenizer, images=images)
         return [_with_records([r], [info], m["flags"])[0]
                 for (r, info), m in zip(results, members)]
+
+    async def _run_samples(self, states: list[_SampleState], **execute) -> list[tuple]:
+        """One OpenRLHF executor run per state, each in its own task (the state lives in
+        that task's context: :meth:`generate` reads it); ``(response, record)`` each."""
+        async def one(state):
+            _SAMPLE.set(state)          # this task's context only
+            response = await self.executor.execute(llm_engine=self, **execute)
+            return response, (state.records[0] if state.records else None)
+
+        return await asyncio.gather(*(asyncio.ensure_future(one(s)) for s in states))
 
     async def end_step(self, step: int) -> int:
         """End trainer step ``step`` on this engine (partial rollouts: the generator
