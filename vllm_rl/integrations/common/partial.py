@@ -158,6 +158,11 @@ class CarriedGroup:
     carried: list[Part] = field(default_factory=list)
     row: Any = None                  # the trainer's input row (JSON-able), if it keeps one
 
+    def add(self, part: Part) -> None:
+        """``part`` among the carried samples if its step ended first, else the ended."""
+        carried = part.info is not None and part.info.reason is Reason.CARRIED
+        (self.carried if carried else self.ended).append(part)
+
     def to_json(self) -> dict:
         return {"prompt": self.prompt, "prompt_ids": self.prompt_ids, "flags": self.flags,
                 "group_id": self.group_id, "size": self.size, "redundant": self.redundant,
@@ -308,8 +313,7 @@ class CarryBuffer:
             launched.tokens += sum(len(c.token_ids) for c in comps)
             if isinstance(handle, tuple):
                 g, prior = handle
-                part = part_of(comps[0], prior=prior)
-                (g.carried if part.info.reason is Reason.CARRIED else g.ended).append(part)
+                g.add(part_of(comps[0], prior=prior))
                 continue
             raw = {k: v for k, v in sp.extra_args["vllm_rl"].items() if k != "partial"}
             parts = [part_of(c, sp) for c in comps]
@@ -318,7 +322,7 @@ class CarryBuffer:
             g = CarriedGroup(p, list(out.prompt_token_ids), raw, gid, size, sp.n,
                              launched.step, row=handle)
             for part in parts:
-                (g.carried if part.info.reason is Reason.CARRIED else g.ended).append(part)
+                g.add(part)
             new.append(g)
         complete = []
         for g in launched.done + launched.continued + new:

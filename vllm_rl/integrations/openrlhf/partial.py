@@ -48,7 +48,7 @@ from vllm_rl.integrations.common.partial import (
     staleness,
 )
 from vllm_rl.integrations.openrlhf import FLAGS_KEY, HIDDEN_KEY, RECORD_KEY, load_settings
-from vllm_rl.outcome import Reason, RolloutInfo
+from vllm_rl.outcome import RolloutInfo
 
 STALENESS = "vllm_rl/diag/{}"        # the step's staleness in every sample's info
 
@@ -206,8 +206,7 @@ class RLSamplesGenerator(SamplesGenerator):
                 size=int(((flags or {}).get("group") or {}).get("size") or n), redundant=n,
                 start_step=step, row=launched)
         for part in parts:
-            carried = part.info is not None and part.info.reason is Reason.CARRIED
-            (group.carried if carried else group.ended).append(part)
+            group.add(part)
         if not isinstance(launched, CarriedGroup) and not group.carried:
             group.row = dict(launched, marked=True)     # the actor marked it whole
         return group

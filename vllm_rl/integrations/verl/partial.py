@@ -120,7 +120,7 @@ class Launched:
 
 
 @dataclass
-class Sample:
+class StoredSample:
     """One sample of a step as verl put it into TransferQueue."""
 
     key: str
@@ -170,11 +170,11 @@ class PartialRollouts:
                     RULE_KEY: "", ROLLOUT_N: len(members)})
         return row
 
-    def split(self, samples: Sequence[Sample]) -> list[bool]:
+    def split(self, samples: Sequence[StoredSample]) -> list[bool]:
         """Which of the step's samples train now: a group (a row's ``uid``) with a
         carried member goes back into the buffer, whole; the others stay."""
         step = self.launched.step if self.launched is not None else 0
-        by_uid: dict[str, list[Sample]] = {}
+        by_uid: dict[str, list[StoredSample]] = {}
         for s in samples:
             by_uid.setdefault(s.uid, []).append(s)
         carried: set[str] = set()
@@ -197,7 +197,7 @@ class PartialRollouts:
                 row={k: v for k, v in self.rows.get(uid, {}).items()
                      if k not in (CARRY_KEY, RULE_KEY, ROLLOUT_N)})
             for p in parts:
-                (g.carried if p.info.reason is Reason.CARRIED else g.ended).append(p)
+                g.add(p)
             self.buffer.groups.append(g)
         return [s.uid not in carried for s in samples]
 
@@ -295,5 +295,5 @@ def checkpoint_folder(config, step: int) -> str:
 
 
 __all__ = ["CARRY_KEY", "CHECKPOINT_FILE", "CarryPayload", "Launched", "PartialRollouts",
-           "PartialSampling", "RULE_KEY", "Sample", "batch_of", "check_tis",
+           "PartialSampling", "RULE_KEY", "StoredSample", "batch_of", "check_tis",
            "checkpoint_folder", "rows_of"]

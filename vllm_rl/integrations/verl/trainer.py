@@ -59,7 +59,7 @@ from vllm_rl.integrations.verl.partial import (
     CHECKPOINT_FILE,
     PartialRollouts,
     PartialSampling,
-    Sample,
+    StoredSample,
     check_tis,
     checkpoint_folder,
 )
@@ -155,7 +155,7 @@ class RLTrainerSync(PPOTrainerSync):
                                          extra):
             e = e or {}
             flags = e.get(FLAGS_KEY)
-            samples.append(Sample(key, str(uid), p.tolist(), r.tolist(),
+            samples.append(StoredSample(key, str(uid), p.tolist(), r.tolist(),
                                   lp.tolist() if lp is not None else [0.0] * r.numel(),
                                   RolloutInfo.decode(e.get(RECORD_KEY)),
                                   json.loads(flags) if flags else None))
