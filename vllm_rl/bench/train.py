@@ -686,6 +686,9 @@ RUN_ARGS = ("steps", "prompts", "m", "pool", "max_tokens", "lr", "lr_schedule", 
             "host_scale", "budget", "max_steps")
 
 
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total} [{elapsed}<{remaining}{postfix}]"
+
+
 def _run_args(args) -> dict:
     return {k: getattr(args, k) for k in RUN_ARGS}
 
@@ -751,9 +754,12 @@ def main(argv: list[str] | None = None) -> None:
     stock_by = {r["seed"]: r for r in runs if r["config"] == "stock"}
     waiting = {s: [n for n, s2 in todo if s2 == s and n != "stock"] for s in range(args.seeds)}
 
+    budgets: dict[tuple[str, int], float | None] = {}
+
     def release(seed: int) -> None:
         for n in waiting.pop(seed, []):
-            job_queue.put((n, seed, budget_of(stock_by[seed], args)))
+            budgets[n, seed] = budget_of(stock_by[seed], args)
+            job_queue.put((n, seed, budgets[n, seed]))
 
     for n, s in todo:
         if n == "stock":
@@ -768,19 +774,31 @@ def main(argv: list[str] | None = None) -> None:
              for _ in range(workers if todo else 0)]
     for p in procs:
         p.start()
-    bar = tqdm(total=len(todo) * args.steps, unit="step", desc="GRPO steps (stock's count)")
+    # Each run is args.steps units: a step of stock (or under --budget steps) is one, a
+    # budgeted step its share of the run's rollout-time budget, so the bar reaches its end
+    # with the last run however many steps a budget buys.
+    bar = tqdm(total=len(todo) * args.steps, unit="u", bar_format=BAR_FORMAT,
+               desc="runs (stock's steps, or the budget's share)")
+    shown: dict[tuple[str, int], float] = {}
+
+    def advance(name: str, seed: int, units: float) -> None:
+        units = min(units, args.steps - shown.get((name, seed), 0.0))
+        shown[name, seed] = shown.get((name, seed), 0.0) + units
+        bar.update(units)
     errors, alive = [], len(procs)
     t0 = time.perf_counter()
     while alive:
         kind, name, seed, payload = queue.get()
         if kind == "step":
-            bar.update(1)
+            budget = budgets.get((name, seed))
+            advance(name, seed, 1.0 if not budget else args.steps * payload["h100_host_s"] / budget)
             msg = f"{name}/s{seed} step {payload['step']}"
             if "heldout" in payload:
                 msg += f" acc {payload['heldout']:.3f}"
             bar.set_postfix_str(msg)
         elif kind in ("done", "error"):
             pending -= 1
+            advance(name, seed, args.steps)
             if kind == "done":
                 runs.append(payload)
                 payload["args"] = _run_args(args)
@@ -792,7 +810,10 @@ def main(argv: list[str] | None = None) -> None:
                 errors.append((name, seed, payload))
                 bar.write(f"run {name}/seed {seed} failed:\n{payload}")
                 if name == "stock":              # its seed's other runs have no budget
-                    pending -= len(waiting.pop(seed, []))
+                    dropped = waiting.pop(seed, [])
+                    pending -= len(dropped)
+                    for n in dropped:
+                        advance(n, seed, args.steps)
             if pending == 0:
                 for _ in procs:
                     job_queue.put(None)
