@@ -11,7 +11,8 @@ or not (``vllm_rl.http_flags`` checks the flags before vLLM starts the response,
 budget against the server's drafter included: never 200 headers and an in-stream error
 event); every returned
 record agrees with its tokens (length, reason against finish_reason, weight, the
-techniques' fields); the RL counters on ``/metrics`` cover every returned record;
+techniques' fields); the RL counters on ``/metrics`` cover every returned record and
+count every accepted flagged sample exactly once;
 afterwards nothing runs or waits and the KV cache is empty; and a flagless seeded
 request gives the same tokens before and after.  ``SEED`` makes a failure reproduce:
 the storm is ``JOBS`` seeded jobs, every one of them run to its end on any machine
@@ -246,6 +247,7 @@ class Storm:
         self.problems: list[str] = []
         self.records: list[RolloutInfo] = []     # returned records of flagged samples
         self.sent_flagged = 0                     # flagged samples accepted (200)
+        self.closed_flagged = 0                   # of those, in streams the client closed
         self.statuses: list[int] = []
         self.kinds: Counter = Counter()           # jobs run to their end, by kind
 
@@ -309,6 +311,7 @@ class Storm:
         if raw is not None:
             with self.lock:
                 self.sent_flagged += n
+                self.closed_flagged += n if aborted else 0
         if aborted:
             return
         self.check(job, resp["choices"], raw, max_tokens, None, n)
@@ -417,6 +420,10 @@ def test_soak_storm(server, prompts):
     for r in Reason:
         seen = sum(i.reason is r for i in storm.records)
         assert ended[r] >= seen, (r, ended[r], seen)
-    assert len(storm.records) <= sum(ended.values()) <= storm.sent_flagged
+    # every accepted flagged sample is counted exactly once, whatever ended it; a client
+    # abort only where the client closed its stream (one that closed after its samples
+    # ended counts them by their engine reasons)
+    assert sum(ended.values()) == storm.sent_flagged, (ended, storm.sent_flagged)
+    assert ended[Reason.ABORT] <= storm.closed_flagged, (ended, storm.closed_flagged)
     # a flagless seeded request is untouched by all of it
     assert _flagless(server, prompts[7]) == before_tokens
