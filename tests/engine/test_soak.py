@@ -352,6 +352,7 @@ class Storm:
             if status == 200:
                 with self.lock:
                     self.sent_flagged += 1
+                    self.closed_flagged += 1 if aborted else 0
                 if not aborted:
                     choices += resp["choices"]
         whole = len(choices) == redundant
