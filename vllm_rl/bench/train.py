@@ -785,6 +785,7 @@ def main(argv: list[str] | None = None) -> None:
         units = min(units, args.steps - shown.get((name, seed), 0.0))
         shown[name, seed] = shown.get((name, seed), 0.0) + units
         bar.update(units)
+
     errors, alive = [], len(procs)
     t0 = time.perf_counter()
     while alive:
