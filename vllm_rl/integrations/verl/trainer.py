@@ -156,9 +156,9 @@ class RLTrainerSync(PPOTrainerSync):
             e = e or {}
             flags = e.get(FLAGS_KEY)
             samples.append(StoredSample(key, str(uid), p.tolist(), r.tolist(),
-                                  lp.tolist() if lp is not None else [0.0] * r.numel(),
-                                  RolloutInfo.decode(e.get(RECORD_KEY)),
-                                  json.loads(flags) if flags else None))
+                                        lp.tolist() if lp is not None else [0.0] * r.numel(),
+                                        RolloutInfo.decode(e.get(RECORD_KEY)),
+                                        json.loads(flags) if flags else None))
         stay = self.partial.split(samples)
         trained = [Part(s.token_ids, s.logprobs, s.info) for s, k in zip(samples, stay)
                    if k and s.info is not None]
