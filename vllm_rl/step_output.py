@@ -7,8 +7,8 @@ that computed it:
   (:class:`vllm_rl.arrol.rule.ArrolVerdict`; :mod:`vllm_rl.arrol.scorer`);
 * DAS's draft counts under async scheduling: how many draft tokens each request was
   verified on (the scheduler saw only placeholders; :func:`vllm_rl.das.engine.count_drafts`);
-* whether DAS's drafter drafts after this step (the scheduler gives DAS samples
-  placeholder drafts only while it does).
+* whether DAS's drafter drafts after this step, and for which requests when they are
+  few (the scheduler gives placeholder drafts only to the samples it drafts for).
 
 They travel as one :class:`StepOutput` in the output's ``vllm_rl`` attribute
 (:data:`ATTR`), pickled with it across vLLM's multiprocess executor; the worker writes
@@ -35,6 +35,7 @@ class StepOutput:
     verdicts: dict[str, Any] = field(default_factory=dict)    # ARRoL: ArrolVerdict by id
     drafts: dict[str, int] | None = None     # DAS: draft tokens verified, by request id
     drafting: bool | None = None             # DAS: the drafter drafts after this step
+    drafts_for: frozenset[str] | None = None  # ... for these requests only (None: all)
     deferred: list[Callable[[Any], None]] = field(default_factory=list, repr=False)
 
     def defer(self, decide: Callable[[Any], None]) -> None:

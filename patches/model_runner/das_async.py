@@ -142,6 +142,7 @@ def _apply() -> None:
             step = attach(out)
             step.drafts = drafts
             step.drafting = drafter.drafting
+            step.drafts_for = drafter.drafts_for
         return out
 
     @functools.wraps(forward)

@@ -664,3 +664,17 @@ def test_phase_budgets_bad_arguments():
             phase_budgets(*args)
     with pytest.raises(ValueError, match="k"):
         phase_ms_per_token(step, 4, [0.5], [1, 2])
+
+
+def test_few_names_the_requests_of_a_small_share_of_rows():
+    """The drafter names the requests it drafts for when they are at most half the live
+    rows (the scheduler gives only those placeholders); else None, every DAS sample."""
+    import numpy as np
+
+    from vllm_rl.das.budgeting import _few
+
+    ids = ["a", "b", "c", "d"]
+    assert _few(ids, np.array([False, True, False, False]), 4) == frozenset({"b"})
+    assert _few(ids, np.array([True, True, False, False]), 4) == frozenset({"a", "b"})
+    assert _few(ids, np.array([True, True, True, False]), 4) is None
+    assert _few(ids, np.zeros(4, dtype=bool), 4) is None

@@ -78,3 +78,50 @@ def test_vllm_drafter_keeps_drafting_on_the_rl_scheduler(stock, ours, speculativ
     assert mine == theirs
     # the drafter does draft: every request gets K draft slots once it decodes
     assert all(len(d) == K for per, _ in theirs[2:] for _, d in per.values())
+
+
+def _das_schedules(decisions: list[tuple[bool, frozenset | None]]) -> list[dict]:
+    """On an engine whose drafter is DAS's: each step's draft placeholders by request,
+    the drafter's decision after step i being ``decisions[i]`` (``StepOutput.drafting``
+    and ``drafts_for``, as the worker attaches them).  Three DAS samples and a flagless
+    request; the worker verifies no draft (every placeholder rejected)."""
+    from vllm_rl.das.config import DASConfig
+    from vllm_rl.step_output import attach
+
+    sched = standalone_scheduler(RLScheduler, max_num_seqs=8, max_model_len=256,
+                                 num_blocks=64,
+                                 speculative=DASConfig.of({}).engine_kwargs()["speculative_config"])
+    assert sched.rl_das_engine
+    for rid in ("a", "b", "c"):
+        sched.add_request(_request(rid, rl_params(das={})))
+    sched.add_request(_request("plain", None))
+    out = []
+    for drafting, drafts_for in decisions:
+        so = sched.schedule()
+        ids = list(so.num_scheduled_tokens)
+        spec = so.scheduled_spec_decode_tokens
+        out.append({r: len(spec.get(r, ())) for r in ids})
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=[[TOK] for _ in ids])
+        step = attach(mro)
+        step.drafting, step.drafts_for, step.drafts = drafting, drafts_for, {}
+        sched.update_from_output(so, mro)
+    return out
+
+
+def test_das_placeholders_follow_the_drafters_decision():
+    """DAS's placeholders go where its drafter drafts: every DAS sample while it drafts
+    for all, only the requests of a probe while it drafts for a few, none while its batch
+    cap has drafting off; the flagless request never gets any.  The decision that came
+    with step i's output shapes the schedule of step i + 2 (the async scheduler set step
+    i + 1's placeholders before it)."""
+    from vllm_rl.das.config import DASConfig
+
+    k = DASConfig.of({}).num_speculative_tokens
+    steps = _das_schedules([(True, None), (True, None), (True, frozenset({"b"})),
+                            (True, frozenset({"b"})), (False, None), (False, None),
+                            (True, None)])
+    every, probe, off = ({"a": k, "b": k, "c": k, "plain": 0},
+                         {"a": 0, "b": k, "c": 0, "plain": 0},
+                         {"a": 0, "b": 0, "c": 0, "plain": 0})
+    assert steps[1:] == [every, every, every, probe, probe, off]

@@ -82,6 +82,13 @@ class AsyncDrafts:
         no KV slots or token budget are held for drafts that never come."""
         return self._drafting
 
+    @property
+    def drafts_for(self) -> frozenset | None:
+        """The requests the last decision drafts for when they are few (a probe of the
+        cost cap, a few rows in the phase cap's bulk): the scheduler gives placeholder
+        drafts to those only, not to the whole batch.  None: every DAS sample."""
+        return self._drafts_for
+
     def after_sample(self, runner, sampled) -> None:
         """Step n sampled, under async scheduling (``patches/model_runner/das_async.py``, before
         vLLM's bookkeeping).  ``sampled`` (``[rows, k + 1]``, -1 past a row's accepted

@@ -49,6 +49,16 @@ PHASE_LOG = 256          # recent phase decisions kept for das_phase() (tests, d
 HOLD_LAG = 2
 
 
+def _few(req_ids, want: np.ndarray, live: int) -> frozenset | None:
+    """The requests of the rows in ``want`` when they are at most half of the ``live``
+    rows (a probe, the phase cap's tail rows): the scheduler gives placeholder drafts to
+    those only; None (every DAS sample) otherwise."""
+    rows = np.flatnonzero(want)
+    if not len(rows) or 2 * len(rows) > live:
+        return None
+    return frozenset(map(req_ids.__getitem__, rows.tolist()))
+
+
 class DraftBudgets:
     """Each step's draft lengths (a part of :class:`~.drafter.DASProposer`)."""
 
@@ -68,6 +78,7 @@ class DraftBudgets:
         self.phase_totals = {"decisions": 0, "drafting": 0, "probes": 0, "drafts": 0}
         self.cap_totals = {"decisions": 0, "off": 0}   # cost cap: steps, steps it said 0
         self._drafting = True                   # the last decision drafted for a row
+        self._drafts_for: frozenset | None = None   # ... for these requests only (None: all)
         self._draft_now = True                  # this decision's drafts are used
         # async: the host time a drafting step adds to the path without the lookahead
         # (ms, decayed mean: the drafter after its wait for the last step's ids, then
@@ -104,7 +115,7 @@ class DraftBudgets:
                 step.max_tokens[forced] = self._room(forced, step,
                                                      self._budgets(forced, step, 1.0))
         hold = S.hold[step.safe]
-        soon = None
+        want = step.max_tokens > 0
         if hold.any():           # ARRoL samples under async scheduling (module docstring)
             # lookahead: the step in flight gives the row at least its bonus token (the
             # fewest it can have: the hold never ends early)
@@ -112,11 +123,17 @@ class DraftBudgets:
             held = das & (generated < hold)
             # a row released within the scheduler's lag counts as drafting now, so its
             # placeholders are there the step its hold ends
-            soon = step.max_tokens[held & (generated + HOLD_LAG >= hold)].any()
+            soon = want & held & (generated + HOLD_LAG >= hold)
             step.max_tokens[held] = 0
+            want = (step.max_tokens > 0) | soon
         # whether the next async step waits to draft: not while live rows all got 0; a
         # decision to draft made while only feeding holds until a drafting step uses it
-        decided = bool(step.max_tokens.any() or soon) if len(live) else True
+        decided = bool(want.any()) if len(live) else True
+        rows = _few(req_ids, want, len(live)) if decided and len(live) else None
+        if draft or not self._drafting:
+            self._drafts_for = rows
+        elif decided and self._drafts_for is not None:   # held decisions: their rows' union
+            self._drafts_for = None if rows is None else self._drafts_for | rows
         self._drafting = decided if draft else (self._drafting or decided)
         if not draft:
             step.max_tokens[:] = 0

@@ -89,6 +89,7 @@ class RLSchedulerMixin(TraceMixin):
         self.rl_das_live = 0                # members with DAS flags (they draft)
         self.rl_das_quiet = das.QuietSteps()  # steps with DAS samples and no draft
         self.rl_das_drafting = True         # async: the drafter's last decision drafts
+        self.rl_das_drafts_for: frozenset | None = None   # ... for these only (None: all)
         self._stopped_groups: list[GroupState] = []
         self._watched: dict[str, GroupState] = {}   # M valid ended, shortest not yet known
         self.rl_steps = StepBook()          # partial rollouts: each trainer step's rule
@@ -185,6 +186,7 @@ class RLSchedulerMixin(TraceMixin):
         step = step_output.of(model_runner_output)
         if step is not None and step.drafting is not None:
             self.rl_das_drafting = step.drafting
+            self.rl_das_drafts_for = step.drafts_for
         if self.rl_das_live:
             drafted = spec and das.count_drafts(
                 members, self.requests, spec, model_runner_output.sampled_token_ids,
@@ -207,12 +209,17 @@ class RLSchedulerMixin(TraceMixin):
         """The per-sample rules after vLLM's update, for the flagged samples this step
         ran: a pruned verdict ends it (ARRoL), else DUET's poll or gate may; a sample of
         an already stopped group still scheduled is cancelled.  Hot path: per
-        flagged sample a dict lookup and a comparison unless a rule is due."""
+        flagged sample a dict lookup and a comparison unless a rule is due.  The loop
+        walks the smaller of the step's requests and the flagged samples: with a long
+        queue (thousands of flagged samples waiting) it costs the batch, not the queue."""
         ends: list[str] = []
-        requests = self.requests
-        for rid, member in self.rl_members.items():
-            if rid not in scheduled:
-                continue
+        requests, members = self.requests, self.rl_members
+        if len(scheduled) < len(members):
+            get = members.get
+            ran = [(rid, m) for rid, m in zip(scheduled, map(get, scheduled)) if m is not None]
+        else:
+            ran = [(rid, m) for rid, m in members.items() if rid in scheduled]
+        for rid, member in ran:
             request = requests.get(rid)
             if request is None or request.is_finished():
                 continue
@@ -502,17 +509,27 @@ class RLScheduler(RLSchedulerMixin, AsyncScheduler):
         to their real drafts, ``patches/model_runner/das_async.py``): with none running, or while the
         drafter's last decision drafts for no row (its batch cap has drafting off: each
         step's output says, ``StepOutput.drafting``), no request gets placeholders;
-        otherwise those without DAS flags lose theirs.  No token budget or KV slots are
-        held for drafts that never come.  Any other drafter (EAGLE, MTP, a draft model,
-        ``ngram_gpu``) drafts for every request: vLLM's own scheduling, unchanged."""
+        while it drafts for a few requests only (a probe of the cost cap:
+        ``StepOutput.drafts_for``), only those keep theirs; otherwise those without DAS
+        flags lose theirs.  No token budget or KV slots are held for drafts that never
+        come.  Any other drafter (EAGLE, MTP, a draft model, ``ngram_gpu``) drafts for
+        every request: vLLM's own scheduling, unchanged."""
         if not self.num_spec_tokens or not self.rl_das_engine:
             return super()._update_after_schedule(scheduler_output)
         if not self.rl_das_live or not self.rl_das_drafting:
             scheduler_output.num_spec_tokens_to_schedule = 0
         super()._update_after_schedule(scheduler_output)
-        if self.rl_das_live and self.rl_das_live < len(scheduler_output.num_scheduled_tokens):
-            members, requests = self.rl_members, self.requests
-            for req_id in scheduler_output.num_scheduled_tokens:
+        if not scheduler_output.num_spec_tokens_to_schedule:
+            return
+        scheduled, requests = scheduler_output.num_scheduled_tokens, self.requests
+        only = self.rl_das_drafts_for
+        if only is not None:
+            for req_id in scheduled:
+                if req_id not in only:
+                    requests[req_id].spec_token_ids = []
+        elif self.rl_das_live < len(scheduled):
+            members = self.rl_members
+            for req_id in scheduled:
                 member = members.get(req_id)
                 if member is None or member.flags.das is None:
                     requests[req_id].spec_token_ids = []
