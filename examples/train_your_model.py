@@ -6,11 +6,15 @@
 
 One model, two copies: TRL trains it, the engine generates with it (``LLM(model)``).
 ``RolloutFunc`` (:mod:`vllm_rl.integrations.trl.rollout`) loads the trainer's weights into
-the engine before every step's rollout, sends each prompt once with the flags (DARTS,
-DUET, DAS and ARRoL on) and gives TRL M samples per prompt with their real tokens,
-log-probs and records; ``masked_reward`` and ``RLGRPOTrainer`` put the records in the
-loss.  After training the script loads the last step's weights too and checks that the
-engine and the trainer agree: the same log-probs for the engine's greedy tokens.
+the engine before every step's rollout, sends each prompt once with the flags and gives
+TRL M samples per prompt with their real tokens, log-probs and records; ``masked_reward``
+and ``RLGRPOTrainer`` put the records in the loss.  The default is the combination
+fastest to accuracy (``docs/benchmarks.md``): DAS with partial rollouts (a step ends once
+half its groups are complete, the rest carry on into the next step).  ``--techniques``
+adds DARTS, DUET and ARRoL (each one flag, ``docs/flags.md``); ``--no-partial`` keeps
+every token on the step's own weights.  After training the script loads the last step's
+weights too and checks that the engine and the trainer agree: the same log-probs for the
+engine's greedy tokens.
 
 Your task is ``my_prompts`` and ``my_reward`` below.  Here they are the demo kit's arithmetic
 prompts and verifier (``vllm_rl.task``; plain text, no chat template), which any model can
@@ -26,6 +30,7 @@ import time
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")      # TRL calls rollout_func experimental
 
 MARKER = r"\\boxed\{[^}]*\}"             # DUET's answer marker: the end of a finished answer
+TECHNIQUES = ("das", "darts", "duet", "arrol")
 
 
 def my_prompts(n: int) -> list[str]:
@@ -58,6 +63,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--dtype", default="auto",
                     help="the engine's dtype (default auto, vLLM's choice: bfloat16 on a CPU)")
+    ap.add_argument("--techniques", default="das",
+                    help=f"comma-separated, among {', '.join(TECHNIQUES)} (default das: "
+                         "with partial rollouts, the fastest to accuracy measured)")
+    ap.add_argument("--no-partial", dest="partial", action="store_false",
+                    help="no partial rollouts: every step's samples start and end on its "
+                         "own weights (default: partial rollouts, APRIL)")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--l-detect", type=int, default=None,
                     help="ARRoL's l_detect (default: a quarter of --max-tokens)")
@@ -88,13 +99,11 @@ def main(argv: list[str] | None = None) -> dict:
     llm = LLM(model=args.model, das=True, arrol=True, seed=args.seed,     # the same model
               max_model_len=args.max_model_len, dtype=args.dtype,
               **({"gpu_memory_utilization": args.gpu_memory} if gpu else {}))
-    flags = {"darts": {}, "duet": {"pattern": MARKER}, "das": {},
-             "arrol": {"l_detect": args.l_detect or max(1, args.max_tokens // 4),
-                       "return_hidden": True}}
+    flags = technique_flags(args)
+    feedback = None if "arrol" not in flags else ArrolFeedback(
+        flags["arrol"], hidden_size=model.config.get_text_config().hidden_size)
     rollout = RolloutFunc(llm, flags, max_tokens=args.max_tokens, seed=args.seed,
-                          reward=my_reward, arrol_feedback=ArrolFeedback(
-                              flags["arrol"],
-                              hidden_size=model.config.get_text_config().hidden_size))
+                          reward=my_reward, arrol_feedback=feedback, partial=args.partial)
     config = GRPOConfig(output_dir=args.out, max_steps=args.steps, num_generations=args.m,
                         per_device_train_batch_size=args.prompts * args.m,
                         max_completion_length=args.max_tokens, learning_rate=args.lr,
@@ -114,7 +123,8 @@ def main(argv: list[str] | None = None) -> dict:
     after = sync_check(llm, trainer, my_prompts(4))
     moved = policy_moved(trainer, before)
     report = {"model": args.model, "steps": records.steps, "global_step": trainer.state.global_step,
-              "loaded_step": rollout.loaded_step,
+              "loaded_step": rollout.loaded_step, "techniques": list(flags),
+              "partial": args.partial,
               "sync": {"before_max_abs_dlogp": before["max_abs"],
                        "after_max_abs_dlogp": after["max_abs"], "policy_moved": moved},
               "wall_s": time.perf_counter() - t0}
@@ -125,6 +135,19 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args.report, "w") as f:
             json.dump(report, f, indent=1)
     return report
+
+
+def technique_flags(args) -> dict:
+    """The flags of ``--techniques``: each technique with its paper's defaults (DUET's
+    marker is the box, ARRoL scores at a quarter of ``max_tokens``)."""
+    chosen = [t.strip() for t in args.techniques.split(",") if t.strip()]
+    unknown = sorted(set(chosen) - set(TECHNIQUES))
+    if unknown:
+        raise SystemExit(f"--techniques: unknown {unknown}; choose among {TECHNIQUES}")
+    every = {"das": {}, "darts": {}, "duet": {"pattern": MARKER},
+             "arrol": {"l_detect": args.l_detect or max(1, args.max_tokens // 4),
+                       "return_hidden": True}}
+    return {t: every[t] for t in chosen}
 
 
 # ------------------------------------------------------------------ what the run reports
@@ -152,6 +175,7 @@ def step_records(rollout):
                    "records": len(infos), "in_loss": len(kept), "reasons": reasons,
                    "reward_in_loss": sum(kept) / len(kept) if kept else 0.0,
                    "generated_tokens": last.generated_tokens, "rollout_s": last.wall_s,
+                   "carried": last.carried,
                    "engine_weights_of_step": rollout.loaded_step}
             self.steps.append(row)
             print(f"step {row['step']}: {row['records']} samples for {row['prompts']} "

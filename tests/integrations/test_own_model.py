@@ -2,8 +2,10 @@
 the embedded model passed in as "your model" (``--model PATH``), a tiny config.
 
 TRL's GRPO trains the model while the engine, built on the same path, generates with the
-four techniques on; the trainer's weights reach the engine every step (RolloutFunc), and
-after training the engine's log-probs equal the trained model's while the policy moved.
+four techniques on and the example's default partial rollouts (a step trains its complete
+groups and carries the rest); the trainer's weights reach the engine every step
+(RolloutFunc), and after training the engine's log-probs equal the trained model's while
+the policy moved.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ def test_train_your_model_syncs_the_engine_and_returns_records(tmp_path):
     report = tmp_path / "report.json"
     cmd = [sys.executable, str(EXAMPLE), "--model", str(MODEL_PATH), "--steps", str(STEPS),
            "--prompts", str(PROMPTS), "--m", str(M), "--max-tokens", "64", "--lr", "1e-4",
+           "--techniques", "das,darts,duet,arrol",
            "--dtype", "float32",       # the check's tolerance: a float32 engine agrees to ~1e-5
            "--out", str(tmp_path / "out"), "--report", str(report)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
@@ -40,10 +43,12 @@ def test_train_your_model_syncs_the_engine_and_returns_records(tmp_path):
     assert out["loaded_step"] == STEPS, "the last step's weights went into the engine"
     assert [s["engine_weights_of_step"] for s in out["steps"]] == list(range(STEPS)), \
         "each step's rollout ran on the weights of the step before"
-    for step in out["steps"]:                 # records came back: M' >= M per prompt
-        assert step["prompts"] == PROMPTS and step["records"] >= PROMPTS * M
+    assert out["techniques"] == ["das", "darts", "duet", "arrol"] and out["partial"]
+    for step in out["steps"]:      # the complete groups came back: M' >= M per prompt
+        assert 0 < step["prompts"] <= PROMPTS and step["records"] >= step["prompts"] * M
         assert sum(step["reasons"].values()) == step["records"]
-        assert 0 < step["in_loss"] <= PROMPTS * M
+        assert 0 < step["in_loss"] <= step["prompts"] * M
+    assert any(step["carried"] for step in out["steps"]), "partial rollouts carried none"
     reasons = {r for s in out["steps"] for r in s["reasons"]}
     assert reasons & {"eos", "length", "duet_trimmed"}, reasons
 
