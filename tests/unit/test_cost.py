@@ -129,6 +129,23 @@ def test_monotone_in_batch_width_and_context(tables, shape):
     assert all(v > 0 for v in grid.values())
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_width_curve_is_uniform_ms_at_each_width(tables, shape):
+    """The batch caps' one call per step gives exactly :meth:`uniform_ms`'s values, in
+    and past the grid, at batches asked for again (the per-batch cache) and fresh."""
+    t = tables[shape]
+    rng = random.Random(0)
+    for _ in range(400):
+        B = rng.choice([0, 0.5, 1, 3, 17, 100, 700, 1024, 3000, rng.uniform(0, 5000)])
+        L = rng.choice([0, 100, 256, 300, 1024, 5000, 8192, 20000, rng.uniform(0, 3e4)])
+        widths = [1 + k * rng.uniform(0, 3) for k in range(9)] + [0.3, 9, 12]
+        for _ in range(2):
+            assert t.width_curve(B, widths, L) == [t.uniform_ms(B, w, L) for w in widths]
+    online = OnlineCost(prior=t)
+    assert online.width_curve(64, [1, 2, 5], 300) == [t.uniform_ms(64, w, 300)
+                                                      for w in (1, 2, 5)]
+
+
 def test_extrapolation_in_batch_is_linear(tables):
     t = tables["qwen3-8b"]
     # L = 8192 was measured up to B = 32: past it, the slope of B = 16..32, per sequence.

@@ -14,10 +14,11 @@ def _steps(rng, n_slots, depth, max_new, steps):
         prompt = rng.integers(0, 50, rng.integers(0, 3 * depth)).tolist()
         win.start(s, prompt)
         full[s] = list(prompt)
-    for _ in range(steps):
+    for step in range(steps):
         slots = rng.permutation(n_slots + 2) - 2             # rows without a slot: -1, -2
         slots = np.where(slots < 0, -1, slots)
-        counts = rng.integers(0, max_new + 1, len(slots))
+        # every other step one token or none per row (a step without drafts)
+        counts = rng.integers(0, (max_new if step % 2 else 1) + 1, len(slots))
         offsets = np.zeros(len(slots) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         tokens = rng.integers(0, 50, int(offsets[-1])).astype(np.int32)

@@ -88,6 +88,13 @@ class StepCost(abc.ABC):
         """One step of ``batch`` identical sequences (``width`` query tokens each,
         ``context`` tokens cached).  ``batch == 0`` is an empty step: 0."""
 
+    def width_curve(self, batch: float, widths: Sequence[float],
+                    context: float = 256) -> list[float]:
+        """:meth:`uniform_ms` at one batch and context for each of ``widths``: the curve
+        a batch cap reads once per step (one draft length per point).  Subclasses may
+        evaluate it at once; the values are :meth:`uniform_ms`'s."""
+        return [self.uniform_ms(batch, w, context) for w in widths]
+
     def step_ms(self, widths: Sequence[int], contexts: Sequence[int]) -> float:
         """One step in which sequence i computes ``widths[i]`` query tokens against
         ``contexts[i]`` cached tokens (see the class docstring).  Empty step: 0."""

@@ -83,6 +83,7 @@ class _Surface:
         else:
             dq = widths[-1] - widths[-2]
             self.q_slope = _Curve(batches, [(a - b) / dq for a, b in zip(rows[-1], rows[-2])])
+        self._at_b: tuple = (None, [], 0.0)     # (b, each width's value at b, q slope at b)
 
     def __call__(self, b: float, q: float) -> float:
         widths = self.widths
@@ -92,6 +93,23 @@ class _Surface:
             return self.rows[-1](b) + (q - widths[-1]) * self.q_slope(b)
         s, t = _segment(q, widths)
         return (1.0 - t) * self.rows[s](b) + t * self.rows[s + 1](b)
+
+    def many(self, b: float, qs: Sequence[float]) -> list[float]:
+        """``[self(b, q) for q in qs]``, each width's curve evaluated at ``b`` once."""
+        widths = self.widths
+        if self._at_b[0] != b:          # a batch cap asks at the same batch step after step
+            self._at_b = (b, [row(b) for row in self.rows], self.q_slope(b))
+        _, at_b, slope = self._at_b
+        out = []
+        for q in qs:
+            if q <= widths[0]:
+                out.append(at_b[0])
+            elif q >= widths[-1]:
+                out.append(at_b[-1] + (q - widths[-1]) * slope)
+            else:
+                s, t = _segment(q, widths)
+                out.append((1.0 - t) * at_b[s] + t * at_b[s + 1])
+        return out
 
 
 @dataclass(frozen=True)
@@ -231,6 +249,31 @@ class TableCost(StepCost):
             return base + (L - contexts[-1]) * self._tail(b, q)
         s, t = _segment(math.log2(L), self._log_contexts)
         return (1.0 - t) * self._floor(s, b, q) + t * self._floor(s + 1, b, q)
+
+    def _floor_many(self, k: int, b: float, qs: list[float]) -> list[float]:
+        """:meth:`_floor` at each of ``qs``."""
+        return [max(col) for col in zip(*(surface.many(b, qs)
+                                          for surface in self._surfaces[:k + 1]))]
+
+    def width_curve(self, batch: float, widths: Sequence[float],
+                    context: float = 256) -> list[float]:
+        """:meth:`uniform_ms` at each of ``widths`` (the same values, each batch curve
+        evaluated once: the batch caps read this once per step)."""
+        batch = _check_real("batch", batch, lo=0.0)
+        context = _check_real("context", context, lo=0.0)
+        qs = [max(_check_real("width", w, lo=0.0), 1.0) for w in widths]
+        if batch <= 0:
+            return [0.0] * len(qs)
+        b, L, contexts = max(batch, 1.0), context, self.contexts
+        if L <= contexts[0] or len(contexts) == 1:
+            return self._surfaces[0].many(b, qs)
+        if L >= contexts[-1]:
+            base = self._floor_many(len(contexts) - 1, b, qs)
+            tail = self._tail.many(b, qs)
+            return [v + (L - contexts[-1]) * d for v, d in zip(base, tail)]
+        s, t = _segment(math.log2(L), self._log_contexts)
+        lo, hi = self._floor_many(s, b, qs), self._floor_many(s + 1, b, qs)
+        return [(1.0 - t) * x + t * y for x, y in zip(lo, hi)]
 
     def uniform_ms(self, batch: float, width: float = 1, context: float = 256) -> float:
         batch = _check_real("batch", batch, lo=0.0)

@@ -168,9 +168,8 @@ class AsyncDrafts:
             if feeds:
                 # a step just taken in may still be fed on the feeder thread, the steps in
                 # flight are not taken in yet: their requests are sealed later, once fed
-                keep = set(f.req_ids).union(feeds[-1].req_ids,
-                                            *(g.req_ids for g in self._in_flight))
-                self._retire(runner.requests, keep)
+                self._retire(runner.requests, lambda: set(f.req_ids).union(
+                    feeds[-1].req_ids, *(g.req_ids for g in self._in_flight)))
             self._drafted = {}
             if not spec:
                 return scheduler_output, {}, None

@@ -69,6 +69,7 @@ class DraftBudgets:
         self._t_step: float | None = None
         self._batch, self._context = 0, 0.0    # this step's batch and mean context
         self._undrafted = 0                     # steps the cost cap has drafted nothing
+        self._acceptance_at = (-1, 0.5)         # (verifications seen, _recent_acceptance)
         # phase cap: per-problem decayed acceptance counts (proposed, accepted, generated),
         # by problem key; a problem keeps its key (and counts) for the drafter's life
         self._problem_keys: dict[str, int] = {}
@@ -245,22 +246,26 @@ class DraftBudgets:
         (the drafter's time after the forward pass, measured), which a step without
         drafts hides under the forward pass."""
         q = self._recent_acceptance()
-        width = lambda k: 1.0 + k * drafting / batch   # noqa: E731
         host = self.draft_host_ms if self._asynchronous and not self.cfg.lookahead else 0.0
-
-        def step_ms(k: int) -> float:
-            return self.cost.uniform_ms(batch, width(k), self._context) + (host if k else 0.0)
-
-        return draft_caps.cost_cap(step_ms, batch, drafting, q, self.k_max)
+        curve = self.cost.width_curve(
+            batch, [1.0 + k * drafting / batch for k in range(self.k_max + 1)], self._context)
+        if host:
+            curve[1:] = [v + host for v in curve[1:]]
+        return draft_caps.cost_cap(curve.__getitem__, batch, drafting, q, self.k_max)
 
     def _recent_acceptance(self) -> float:
         """The engine's per-draft-token acceptance over its last 64 verification steps
         (:func:`policy.chain_acceptance`), clamped to [0.05, 0.95]; 0.5 before any."""
+        seen = self.totals.verifications        # grows with every verify_log entry
+        if self._acceptance_at[0] == seen:       # no verification since: the same rate
+            return self._acceptance_at[1]
         recent = list(islice(reversed(self.verify_log), 64))
         prop = sum(x[1] for x in recent)
         acc = sum(x[2] for x in recent)
         q = policy.chain_acceptance(prop, acc, acc + sum(x[0] for x in recent))
-        return 0.5 if q is None else min(max(q, 0.05), 0.95)
+        q = 0.5 if q is None else min(max(q, 0.05), 0.95)
+        self._acceptance_at = (seen, q)
+        return q
 
     def _observe_step(self, sched, req_ids, ntok: np.ndarray) -> None:
         """Feed the online cost model the step that just ran (time since the last one)."""
@@ -326,7 +331,7 @@ class DraftBudgets:
         can stop early: no match, or the cumulative-probability cutoff) and cuts the
         drafts to it.  Returns what the cut needs (None: no draft this step)."""
         batch, context = self._batch, self._context
-        curve = [self.cost.uniform_ms(batch, 1 + k, context) for k in range(self.k_max + 1)]
+        curve = self.cost.width_curve(batch, [1 + k for k in range(self.k_max + 1)], context)
         step_ms = curve.__getitem__
         caps = self._room(live, step, self._budgets(live, step, 1.0))
         q = self._acceptance(step.slots[live])

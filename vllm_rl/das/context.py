@@ -61,6 +61,10 @@ class ContextWindows:
             idx = start[:, None] + np.arange(self.depth)
             self.tokens[so, :self.depth] = self.tokens[so[:, None], idx]
             self.length[so] = self.depth
+        if len(c) == int(c.sum()):                      # one token each (no drafts)
+            self.tokens[s, self.length[s]] = tokens[offsets[rows]]
+            self.length[s] += 1
+            return
         total = int(c.sum())
         row_of = np.repeat(np.arange(len(rows)), c)
         within = np.arange(total) - np.repeat(np.cumsum(c) - c, c)

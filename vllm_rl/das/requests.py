@@ -246,10 +246,12 @@ class RequestBook:
             self.slots.give_back(st.slot)
             self._rows_key = None                  # the slot may be taken again
 
-    def _retire(self, live_requests: dict, keep=frozenset()) -> None:
-        """Forget requests that left the runner (but those in ``keep``), sealing those not
-        sealed yet."""
-        gone = self._owner.keys() - live_requests.keys() - keep
+    def _retire(self, live_requests: dict, keep=None) -> None:
+        """Forget requests that left the runner (but those ``keep()`` returns, called only
+        when some left), sealing those not sealed yet."""
+        gone = self._owner.keys() - live_requests.keys()
+        if gone and keep is not None:
+            gone -= keep()
         for rid in gone:
             self._seal(rid)
         if gone:
