@@ -83,6 +83,10 @@ class RLSchedulerMixin(TraceMixin):
         check_runner(self.vllm_config)      # ARRoL: the capture patch serves the V1 runner
         self.rl_groups = GroupRegistry()
         self.rl_members: dict[str, Member] = {}
+        # The members a rule may end after a step (DUET, ARRoL, DARTS, or a late member
+        # of a stopped group): the per-step walk (_apply_rules).  A sample with DAS
+        # flags alone is not walked: it has no rule.
+        self._ruled: dict[str, Member] = {}
         # The engine drafts with DAS's drafter: only then are vLLM's placeholder drafts
         # the scheduler's to cut (any other drafter keeps vLLM's own scheduling).
         self.rl_das_engine = DASConfig.from_vllm_config(self.vllm_config) is not None
@@ -122,6 +126,10 @@ class RLSchedulerMixin(TraceMixin):
                     self._watch(member)     # a continued group may know M valid already
                 if member.flags.partial is not None and member.flags.partial.step is not None:
                     self.rl_steps.join(member)
+                if (member.duet is not None or member.arrol is not None
+                        or member.flags.darts is not None
+                        or (member.group is not None and member.group.stopped)):
+                    self._ruled[request.request_id] = member
         super().add_request(request)
 
     def _admit(self, request: Request, extra_args: dict) -> Member | None:
@@ -196,6 +204,8 @@ class RLSchedulerMixin(TraceMixin):
         if step is not None and step.verdicts:
             self._take_verdicts(step.verdicts)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if spec and self.rl_das_live:
+            self._keep_accepted(spec)
         self._apply_rules(scheduler_output.num_scheduled_tokens, outputs)
         if self._watched:
             self._check_watched()
@@ -205,26 +215,39 @@ class RLSchedulerMixin(TraceMixin):
             self._end_steps(outputs)
         return outputs
 
+    def _keep_accepted(self, spec: dict) -> None:
+        """DAS: of the drafts each sample verified this step (the step's speculative
+        requests), the accepted ones it kept, before any rule writes its record."""
+        requests, get = self.requests, self.rl_members.get
+        for rid in spec:
+            member = get(rid)
+            if member is None or member.das is None or not member.das.step_accepted:
+                continue
+            request = requests.get(rid)
+            if request is not None and not request.is_finished():
+                das.keep_accepted(member.das, request.num_output_tokens)
+
     def _apply_rules(self, scheduled: dict, outputs: dict[int, EngineCoreOutputs]) -> None:
-        """The per-sample rules after vLLM's update, for the flagged samples this step
-        ran: a pruned verdict ends it (ARRoL), else DUET's poll or gate may; a sample of
-        an already stopped group still scheduled is cancelled.  Hot path: per
-        flagged sample a dict lookup and a comparison unless a rule is due.  The loop
-        walks the smaller of the step's requests and the flagged samples: with a long
-        queue (thousands of flagged samples waiting) it costs the batch, not the queue."""
+        """The per-sample rules after vLLM's update, for the ruled samples this step ran
+        (:attr:`_ruled`): a pruned verdict ends it (ARRoL), else DUET's poll or gate
+        may; a sample of an already stopped group still scheduled is cancelled.  Hot
+        path: per ruled sample a dict lookup and a comparison unless a rule is due.  The
+        loop walks the smaller of the step's requests and the ruled samples: with a long
+        queue (thousands of samples waiting) it costs the batch, not the queue, and
+        samples with DAS flags alone cost nothing."""
         ends: list[str] = []
-        requests, members = self.requests, self.rl_members
-        if len(scheduled) < len(members):
-            get = members.get
+        requests, ruled = self.requests, self._ruled
+        if not ruled:
+            ran = ()
+        elif len(scheduled) < len(ruled):
+            get = ruled.get
             ran = [(rid, m) for rid, m in zip(scheduled, map(get, scheduled)) if m is not None]
         else:
-            ran = [(rid, m) for rid, m in members.items() if rid in scheduled]
+            ran = [(rid, m) for rid, m in ruled.items() if rid in scheduled]
         for rid, member in ran:
             request = requests.get(rid)
             if request is None or request.is_finished():
                 continue
-            if member.das is not None and member.das.step_accepted:
-                das.keep_accepted(member.das, request.num_output_tokens)
             state = member.duet
             if member.group is not None and member.group.stopped and not _tail(member):
                 self._write_cancelled(request, member)
@@ -305,6 +328,7 @@ class RLSchedulerMixin(TraceMixin):
         flagged sample that ended by itself (EOS, stop, length) gets its record now,
         before vLLM builds its final output, which carries ``stop_reason``."""
         member = self.rl_members.pop(request.request_id, None)
+        self._ruled.pop(request.request_id, None)
         if member is not None and member.flags.das is not None:
             self.rl_das_live -= 1
         if member is not None:
