@@ -125,3 +125,32 @@ def test_das_placeholders_follow_the_drafters_decision():
                          {"a": 0, "b": k, "c": 0, "plain": 0},
                          {"a": 0, "b": 0, "c": 0, "plain": 0})
     assert steps[1:] == [every, every, every, probe, probe, off]
+
+
+def test_the_rules_walk_only_the_samples_a_rule_may_end():
+    """A sample with DAS flags alone has no per-step rule, so the scheduler does not walk
+    it after each step (the default combination's samples cost the rules nothing); DUET
+    and DARTS samples are walked, and each leaves the walk when vLLM frees it."""
+    from vllm_rl.das.config import DASConfig
+    from vllm_rl.step_output import attach
+
+    sched = standalone_scheduler(RLScheduler, max_num_seqs=8, max_model_len=256,
+                                 num_blocks=64,
+                                 speculative=DASConfig.of({}).engine_kwargs()["speculative_config"])
+    for rid in ("a", "b"):
+        sched.add_request(_request(rid, rl_params(das={})))
+    for rid, flags in REQUESTS.items():
+        sched.add_request(_request(rid, flags))
+    assert set(sched.rl_members) == {"a", "b", "duet", "darts"}
+    assert set(sched._ruled) == {"duet", "darts"}
+    for _ in range(20):
+        so = sched.schedule()
+        ids = list(so.num_scheduled_tokens)
+        if not ids:
+            break
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=[[TOK] for _ in ids])
+        step = attach(mro)
+        step.drafting, step.drafts_for, step.drafts = False, None, {}
+        sched.update_from_output(so, mro)
+    assert not sched.rl_members and not sched._ruled

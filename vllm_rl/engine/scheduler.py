@@ -183,8 +183,9 @@ class RLSchedulerMixin(TraceMixin):
         * before: DAS's draft counts and ARRoL's verdicts of this step;
         * vLLM's body: tokens appended, its stop checks; a flagged sample that ended by
           itself gets its record as vLLM frees it (:meth:`_free_request`);
-        * after, over the flagged samples only: ARRoL prunes, DUET's gate and marker,
-          DARTS's early stop; each one ended is finished now (KV freed) with its record.
+        * after: DAS's kept drafts; over the samples a rule may end only, ARRoL prunes,
+          DUET's gate and marker, DARTS's early stop; each one ended is finished now
+          (KV freed) with its record.
         """
         self.rl_step += 1
         members = self.rl_members
