@@ -86,16 +86,11 @@ class _Surface:
         self._at_b: tuple = (None, [], 0.0)     # (b, each width's value at b, q slope at b)
 
     def __call__(self, b: float, q: float) -> float:
-        widths = self.widths
-        if q <= widths[0]:
-            return self.rows[0](b)
-        if q >= widths[-1]:
-            return self.rows[-1](b) + (q - widths[-1]) * self.q_slope(b)
-        s, t = _segment(q, widths)
-        return (1.0 - t) * self.rows[s](b) + t * self.rows[s + 1](b)
+        return self.many(b, (q,))[0]
 
     def many(self, b: float, qs: Sequence[float]) -> list[float]:
-        """``[self(b, q) for q in qs]``, each width's curve evaluated at ``b`` once."""
+        """The surface at ``b`` for each of ``qs``, each width's curve evaluated at ``b``
+        once."""
         widths = self.widths
         if self._at_b[0] != b:          # a batch cap asks at the same batch step after step
             self._at_b = (b, [row(b) for row in self.rows], self.q_slope(b))
@@ -192,7 +187,7 @@ class TableCost(StepCost):
             L1, L2 = self.contexts[-2:]
             batches = self.batches[L2]
             n = len(self.contexts)
-            values = [[(self._floor(n - 1, B, q) - self._floor(n - 2, B, q)) / (L2 - L1)
+            values = [[(self._floor(n - 1, B, (q,))[0] - self._floor(n - 2, B, (q,))[0]) / (L2 - L1)
                        for B in batches] for q in self.widths]
             self._tail = _Surface(batches, self.widths, values)
         self.adjustments = [
@@ -235,25 +230,25 @@ class TableCost(StepCost):
 
     # ------------------------------------------------------------------ evaluation
 
-    def _floor(self, k: int, b: float, q: float) -> float:
-        """The k-th context's function floored by the shorter ones': a longer context
-        never costs less (where the grids are ragged, one side is extrapolated)."""
-        return max(surface(b, q) for surface in self._surfaces[:k + 1])
-
-    def _at(self, b: float, q: float, L: float) -> float:
-        contexts = self.contexts
-        if L <= contexts[0] or len(contexts) == 1:
-            return self._surfaces[0](b, q)
-        if L >= contexts[-1]:
-            base = self._floor(len(contexts) - 1, b, q)
-            return base + (L - contexts[-1]) * self._tail(b, q)
-        s, t = _segment(math.log2(L), self._log_contexts)
-        return (1.0 - t) * self._floor(s, b, q) + t * self._floor(s + 1, b, q)
-
-    def _floor_many(self, k: int, b: float, qs: list[float]) -> list[float]:
-        """:meth:`_floor` at each of ``qs``."""
+    def _floor(self, k: int, b: float, qs: Sequence[float]) -> list[float]:
+        """The k-th context's function at each of ``qs``, floored by the shorter ones': a
+        longer context never costs less (where the grids are ragged, one side is
+        extrapolated)."""
         return [max(col) for col in zip(*(surface.many(b, qs)
                                           for surface in self._surfaces[:k + 1]))]
+
+    def _at(self, b: float, qs: Sequence[float], L: float) -> list[float]:
+        """The step time at batch ``b`` and context ``L`` for each width of ``qs``."""
+        contexts = self.contexts
+        if L <= contexts[0] or len(contexts) == 1:
+            return self._surfaces[0].many(b, qs)
+        if L >= contexts[-1]:
+            base = self._floor(len(contexts) - 1, b, qs)
+            tail = self._tail.many(b, qs)
+            return [v + (L - contexts[-1]) * d for v, d in zip(base, tail)]
+        s, t = _segment(math.log2(L), self._log_contexts)
+        lo, hi = self._floor(s, b, qs), self._floor(s + 1, b, qs)
+        return [(1.0 - t) * x + t * y for x, y in zip(lo, hi)]
 
     def width_curve(self, batch: float, widths: Sequence[float],
                     context: float = 256) -> list[float]:
@@ -264,16 +259,7 @@ class TableCost(StepCost):
         qs = [max(_check_real("width", w, lo=0.0), 1.0) for w in widths]
         if batch <= 0:
             return [0.0] * len(qs)
-        b, L, contexts = max(batch, 1.0), context, self.contexts
-        if L <= contexts[0] or len(contexts) == 1:
-            return self._surfaces[0].many(b, qs)
-        if L >= contexts[-1]:
-            base = self._floor_many(len(contexts) - 1, b, qs)
-            tail = self._tail.many(b, qs)
-            return [v + (L - contexts[-1]) * d for v, d in zip(base, tail)]
-        s, t = _segment(math.log2(L), self._log_contexts)
-        lo, hi = self._floor_many(s, b, qs), self._floor_many(s + 1, b, qs)
-        return [(1.0 - t) * x + t * y for x, y in zip(lo, hi)]
+        return self._at(max(batch, 1.0), qs, context)
 
     def uniform_ms(self, batch: float, width: float = 1, context: float = 256) -> float:
         batch = _check_real("batch", batch, lo=0.0)
@@ -281,7 +267,7 @@ class TableCost(StepCost):
         context = _check_real("context", context, lo=0.0)
         if batch <= 0:
             return 0.0
-        return self._at(max(batch, 1.0), max(width, 1.0), context)
+        return self._at(max(batch, 1.0), (max(width, 1.0),), context)[0]
 
     # ------------------------------------------------------------------ reporting
 

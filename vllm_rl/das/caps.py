@@ -68,13 +68,9 @@ def cost_cap(step_ms: Callable[[int], float], batch: int, drafting: int, q: floa
     k_max = _check_int("k_max", k_max, 0)
     if batch == 0 or drafting == 0 or k_max == 0:
         return 0
-    q = _check_unit("q", q)
     best_k, best = 0, step_ms(0) / batch
-    accepted, power = 0.0, 1.0
     for k in range(1, k_max + 1):
-        power *= q
-        accepted += power                      # S(q, k), as chain_accepted sums it
-        per_token = step_ms(k) / (batch + drafting * accepted)
+        per_token = step_ms(k) / (batch + drafting * chain_accepted(q, k))
         if per_token < best * (1.0 - 1e-9):
             best_k, best = k, per_token
     return best_k
