@@ -13,7 +13,9 @@ left; its N_fwd, the most forward passes any of its requests took (Eq. 4), feeds
 T_short (Sec. 4.2.3).
 
 Python runs per request only at its admission, its natural end and its departure; the
-rest is array operations over the step's rows.
+rest is array operations over the step's rows.  The admissions of one step share their
+reads (:class:`_Admissions`): a group's flags are read once per ``extra_args`` object and
+its problem's initial class (Init_r, Sec. 4.2.3) once per (problem, ``max_tokens``).
 """
 from __future__ import annotations
 
@@ -60,8 +62,9 @@ class RequestBook:
                 or not all(map(operator.is_, owners, key[1]))):
             known = np.fromiter(map(operator.is_, owners, map(self._owner.get, req_ids)),
                                 dtype=bool, count=n)
+            memo = _Admissions()
             for i in np.flatnonzero(~known).tolist():
-                self._state(req_ids[i], owners[i], batch, i)
+                self._state(req_ids[i], owners[i], batch, i, memo)
             self._row_slots = np.fromiter(map(self._slot_of.get, req_ids, repeat(-1)),
                                           dtype=np.int64, count=n)
             self._rows_key = (list(req_ids), owners)
@@ -128,16 +131,18 @@ class RequestBook:
             self._finish(st, natural=True)
         return rows[~ends]
 
-    def _state(self, rid: str, cached: Any, batch: Any, i: int) -> None:
+    def _state(self, rid: str, cached: Any, batch: Any, i: int,
+               memo: "_Admissions | None" = None) -> None:
         """A request seen for the first time (or a new request under a reused id)."""
         if rid in self.requests:
             self._seal(rid)                      # the id was reused by a new request
         st = None
+        memo = memo if memo is not None else _Admissions()
         params = getattr(cached, "sampling_params", None)
-        flags = _das_flags(getattr(params, "extra_args", None), rid)
+        flags = memo.flags(getattr(params, "extra_args", None), rid)
         if flags is not None and flags.das is not None:
             prior = flags.partial.prior_tokens if flags.partial is not None else 0
-            st = self._start(flags.das, params, cached, batch, i, prior)
+            st = self._start(flags.das, params, cached, batch, i, prior, memo)
             if flags.arrol is not None and self._asynchronous:
                 self.slots.hold[st.slot] = flags.arrol.l_detect
             self._slot_of[rid] = st.slot
@@ -145,7 +150,8 @@ class RequestBook:
         self.requests[rid] = st
         self._owner[rid] = cached
 
-    def _start(self, flags: DasFlags, params, cached, batch, i, prior: int = 0) -> RequestState:
+    def _start(self, flags: DasFlags, params, cached, batch, i, prior: int = 0,
+               memo: "_Admissions | None" = None) -> RequestState:
         """A new rollout.  A continuation (partial rollouts) ends its prompt with its
         ``prior`` tokens from earlier steps: its rollout in the tree, its length and its
         length class are the whole sample's."""
@@ -159,7 +165,12 @@ class RequestBook:
             self.store.extend(problem, seq, list(prompt[n_original:n_prompt]))
         max_tokens = prior + (params.max_tokens or (self.max_model_len - n_prompt))
         b = self.cfg.budget if flags.budget is None else min(flags.budget, self.cfg.budget)
-        init = self.classes.initial(self.store.lengths(problem), max_tokens)
+        key = (problem, max_tokens)
+        init = memo.initial.get(key) if memo is not None else None
+        if init is None:
+            init = self.classes.initial(self.store.lengths(problem), max_tokens)
+            if memo is not None:
+                memo.initial[key] = init
         stop_ids = set(params.all_stop_token_ids or ())
         if params.eos_token_id is not None and not params.ignore_eos:
             stop_ids.add(params.eos_token_id)
@@ -279,6 +290,33 @@ class RequestBook:
         if self.round.steps or self.round.n_fwd:
             self.totals.steps += self.round.steps
             self.round = Round()
+
+
+class _Admissions:
+    """What the admissions of one step share: a group's samples arrive together, with
+    one ``extra_args`` object (vLLM's parallel sampling copies the parent's
+    ``SamplingParams`` shallowly) and one problem.  Within one step nothing runs between
+    them that could change that object, a problem's finished lengths or the length
+    thresholds, so its flags are read once per object and its initial class
+    (Sec. 4.2.3's Init_r) computed once per (problem, max_tokens)."""
+
+    __slots__ = ("_read", "initial")
+
+    def __init__(self) -> None:
+        # id(extra_args) -> (extra_args, its flags): the object is held, so its id is not
+        # reused while the step's admissions run
+        self._read: dict[int, tuple[Any, RLFlags | None]] = {}
+        self.initial: dict[tuple[str, int], str] = {}
+
+    def flags(self, extra_args: dict | None, request_id: str) -> RLFlags | None:
+        """The flags of ``extra_args``, read for the first request that carries it."""
+        if extra_args is None:
+            return None
+        seen = self._read.get(id(extra_args))
+        if seen is None:
+            seen = self._read[id(extra_args)] = (extra_args,
+                                                 _das_flags(extra_args, request_id))
+        return seen[1]
 
 
 def _das_flags(extra_args: dict | None, request_id: str) -> RLFlags | None:
