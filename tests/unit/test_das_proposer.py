@@ -4,6 +4,7 @@ The runner here has only what the proposer reads: ``input_batch.req_ids`` /
 ``num_prompt_tokens``, ``requests[rid].sampling_params`` / ``prompt_token_ids``, and the
 step's ``scheduled_spec_decode_tokens``.
 """
+import copy
 from types import SimpleNamespace
 
 import numpy as np
@@ -401,3 +402,28 @@ def test_force_drafts_past_a_batch_cap_that_is_off():
     drafts = runner.step(p, {"capped": [11], "forced": [11], "off": [11]})
     assert drafts["capped"] == [] and drafts["off"] == []
     assert drafts["forced"] == [12, 13, 14, 15, 16, 17, 18, 19]
+
+
+def test_a_steps_admissions_share_a_groups_flags_and_initial_class(monkeypatch):
+    p, runner = _proposer(), Runner()
+    runner.add("old", _request({"problem_id": "P"}))
+    runner.step(p, {})
+    calls = []
+    initial = p.classes.initial
+    monkeypatch.setattr(p.classes, "initial",
+                        lambda lengths, max_tokens: calls.append(1) or initial(lengths, max_tokens))
+    group = _request({"problem_id": "P"})
+    for i in range(3):                       # vLLM's children: shallow copies of one params
+        runner.add(f"g{i}", SimpleNamespace(sampling_params=copy.copy(group.sampling_params),
+                                            prompt_token_ids=list(PROMPT)))
+    runner.step(p, {"old": [5]})
+    states = [p.requests[f"g{i}"] for i in range(3)]
+    assert len(calls) == 1                   # Init_r once for the group's problem
+    assert len({id(st.flags) for st in states}) == 1 and states[0].flags.problem_id == "P"
+    runner.drop("old")
+    runner.add("g3", SimpleNamespace(sampling_params=copy.copy(group.sampling_params),
+                                     prompt_token_ids=list(PROMPT)))
+    runner.add("old", _request({"problem_id": "P"}))   # a reused id, admitted after g3
+    calls.clear()
+    runner.step(p, {})
+    assert len(calls) == 2                   # its seal may slide P's window: read again

@@ -134,10 +134,11 @@ class RequestBook:
     def _state(self, rid: str, cached: Any, batch: Any, i: int,
                memo: "_Admissions | None" = None) -> None:
         """A request seen for the first time (or a new request under a reused id)."""
+        memo = memo if memo is not None else _Admissions()
         if rid in self.requests:
             self._seal(rid)                      # the id was reused by a new request
+            memo.initial.clear()                 # its seal may slide its problem's window
         st = None
-        memo = memo if memo is not None else _Admissions()
         params = getattr(cached, "sampling_params", None)
         flags = memo.flags(getattr(params, "extra_args", None), rid)
         if flags is not None and flags.das is not None:
@@ -296,9 +297,11 @@ class _Admissions:
     """What the admissions of one step share: a group's samples arrive together, with
     one ``extra_args`` object (vLLM's parallel sampling copies the parent's
     ``SamplingParams`` shallowly) and one problem.  Within one step nothing runs between
-    them that could change that object, a problem's finished lengths or the length
-    thresholds, so its flags are read once per object and its initial class
-    (Sec. 4.2.3's Init_r) computed once per (problem, max_tokens)."""
+    them that could change that object or the length thresholds, and a problem's
+    finished lengths change only where a reused request id seals the old request first
+    (:meth:`RequestBook._state` then forgets the initial classes): its flags are read once
+    per object and its initial class (Sec. 4.2.3's Init_r) computed once per (problem,
+    max_tokens)."""
 
     __slots__ = ("_read", "initial")
 
