@@ -151,8 +151,8 @@ class RequestBook:
         self.requests[rid] = st
         self._owner[rid] = cached
 
-    def _start(self, flags: DasFlags, params, cached, batch, i, prior: int = 0,
-               memo: "_Admissions | None" = None) -> RequestState:
+    def _start(self, flags: DasFlags, params, cached, batch, i, prior: int,
+               memo: "_Admissions") -> RequestState:
         """A new rollout.  A continuation (partial rollouts) ends its prompt with its
         ``prior`` tokens from earlier steps: its rollout in the tree, its length and its
         length class are the whole sample's."""
@@ -167,11 +167,10 @@ class RequestBook:
         max_tokens = prior + (params.max_tokens or (self.max_model_len - n_prompt))
         b = self.cfg.budget if flags.budget is None else min(flags.budget, self.cfg.budget)
         key = (problem, max_tokens)
-        init = memo.initial.get(key) if memo is not None else None
+        init = memo.initial.get(key)
         if init is None:
-            init = self.classes.initial(self.store.lengths(problem), max_tokens)
-            if memo is not None:
-                memo.initial[key] = init
+            init = memo.initial[key] = self.classes.initial(self.store.lengths(problem),
+                                                            max_tokens)
         stop_ids = set(params.all_stop_token_ids or ())
         if params.eos_token_id is not None and not params.ignore_eos:
             stop_ids.add(params.eos_token_id)
