@@ -388,6 +388,43 @@ def test_async_catch_up_feeds_every_step_and_seals_a_departed_request_once_fed()
     assert "gone" not in p.requests
 
 
+class _LazyFeeder:
+    """The feeder thread at its slowest: its calls run in order (one worker), each only
+    when it or a later one is waited for."""
+
+    def __init__(self):
+        self.calls, self.results = [], []
+
+    def submit(self, fn, *args):
+        self.calls.append((fn, args))
+        k = len(self.calls)
+
+        def result():
+            while len(self.results) < k:
+                call, call_args = self.calls[len(self.results)]
+                self.results.append(call(*call_args))
+            return self.results[k - 1]
+        return SimpleNamespace(result=result)
+
+
+def test_a_natural_end_is_fed_after_the_feeds_before_it():
+    """Under async scheduling a row that drafts nothing is fed on the feeder thread, and
+    a natural end is fed and sealed as its step is taken in: the feeder's last call is
+    finished first, whenever the feeder runs, so the rollout keeps its tokens in order."""
+    p, runner = _proposer(), AsyncRunner()
+    p._feeder = _LazyFeeder()
+    runner.add("a", _request({"problem_id": "P", "budget": 0}))
+    runner.add("b", _request({"problem_id": "P", "budget": 0}))
+    for tok in range(5, 12):
+        runner.step(p, {"a": [tok], "b": [tok + 100]})
+    runner.step(p, {"a": [EOS], "b": [112]})
+    for tok in range(113, 116):
+        runner.step(p, {"a": [], "b": [tok]})
+    p.sync()
+    assert sorted(p.store.sequences("P")) == [PROMPT + list(range(5, 12)) + [EOS],
+                                              PROMPT + list(range(105, 116))]
+
+
 def test_force_drafts_past_a_batch_cap_that_is_off():
     """``das.force``: the request drafts its budget where the batch cap has drafting off
     for everyone else (forced on); ``budget: 0`` drafts nothing (forced off)."""

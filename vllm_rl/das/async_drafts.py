@@ -207,6 +207,9 @@ class AsyncDrafts:
         todo = self._in_flight[:] if last else self._in_flight[:-1]
         if not todo:
             return []
+        # the feeder's last call first: a natural end taken in here is fed and sealed at
+        # once, after its rollout's earlier tokens (off the step's path: step n runs)
+        self._wait_feed()
         del self._in_flight[:len(todo)]
         steps = []
         for j, f in enumerate(todo):
