@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 PREFIX = "vllm_rl:"          # the carrier across the engine core's boundary (encode)
@@ -176,16 +176,14 @@ class RolloutInfo:
     def to_json(self) -> dict:
         """The record as a JSON object: the fields set, never the hidden state (its
         ``hidden_id`` names it).  ``choices[i].rollout_info`` on the OpenAI server."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)
-             if f.name not in _IN_PROCESS and getattr(self, f.name) is not None}
+        d = {name: v for name in _WIRE if (v := getattr(self, name)) is not None}
         d["reason"] = self.reason.value
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "RolloutInfo":
         """A record from :meth:`to_json`'s object (unknown keys ignored)."""
-        known = {f.name for f in fields(cls)} - _IN_PROCESS
-        kw = {k: v for k, v in d.items() if k in known}
+        kw = {k: v for k, v in d.items() if k in _WIRE_SET}
         kw["reason"] = Reason(d["reason"])
         return cls(**kw)
 
@@ -193,7 +191,24 @@ class RolloutInfo:
         """The carrier across the engine core's process boundary: ``"vllm_rl:"`` +
         compact JSON (:meth:`to_json`), in the finished request's ``stop_reason`` until
         the front end takes it out (module docstring)."""
-        return PREFIX + json.dumps(self.to_json(), separators=(",", ":"))
+        return PREFIX + _COMPACT.encode(self.to_json())
+
+    @staticmethod
+    def carrier(**values: Any) -> str:
+        """``RolloutInfo(**values).encode()``, without building the record: the
+        scheduler writes one per sample as it ends (:mod:`vllm_rl.engine.records`).  The
+        same fields in the same order, the same defaults; a name that is not a wire
+        field, or a missing ``reason`` or ``length``, raises ``TypeError`` as the
+        constructor does."""
+        if not values.keys() <= _WIRE_SET or not values.keys() >= _REQUIRED:
+            raise TypeError("RolloutInfo.carrier: unknown fields "
+                            f"{sorted(values.keys() - _WIRE_SET)}, missing "
+                            f"{sorted(_REQUIRED - values.keys())}")
+        merged = {**_SET_DEFAULTS, **values}
+        d = {name: v for name in sorted(merged, key=_WIRE_POSITION.__getitem__)
+             if (v := merged[name]) is not None}
+        d["reason"] = values["reason"].value
+        return PREFIX + _COMPACT.encode(d)
 
     @classmethod
     def decode(cls, carrier: Any) -> "RolloutInfo | None":
@@ -231,6 +246,16 @@ def record_of(completion: Any) -> RolloutInfo | None:
 
 
 _IN_PROCESS = frozenset({"hidden"})      # fields that never cross the wire
+# The wire fields in declaration order (to_json's order); the required ones; the
+# defaults that are not None (what RolloutInfo.carrier fills in)
+_WIRE = tuple(f.name for f in fields(RolloutInfo) if f.name not in _IN_PROCESS)
+_WIRE_SET = frozenset(_WIRE)
+_REQUIRED = frozenset(f.name for f in fields(RolloutInfo)
+                      if f.default is MISSING and f.default_factory is MISSING)
+_SET_DEFAULTS = {f.name: f.default for f in fields(RolloutInfo)
+                 if f.name in _WIRE_SET and f.default not in (None, MISSING)}
+_WIRE_POSITION = {name: i for i, name in enumerate(_WIRE)}
+_COMPACT = json.JSONEncoder(separators=(",", ":"))   # json.dumps(..., separators=...)
 # The ends after which a sample past DUET's gate is not DUET's kept tail: its own coin
 # aborted it, ARRoL's coin pruned it, the client aborted it (DARTS never cancels it).
 NOT_RUN_OUT = frozenset({Reason.DUET_ABORTED, Reason.ARROL_PRUNED, Reason.ABORT,

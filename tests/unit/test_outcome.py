@@ -20,6 +20,30 @@ def test_record_round_trips_through_its_carrier_and_json():
     assert RolloutInfo.decode(7) is None
 
 
+def test_the_schedulers_carrier_is_the_records_own_encoding():
+    """RolloutInfo.carrier (what the scheduler writes per ending sample, no record built)
+    gives exactly encode()'s text: the same fields, order and defaults, for any subset of
+    the wire fields; an unknown field or a missing required one is an error."""
+    import pytest
+
+    from vllm_rl.outcome import _WIRE
+
+    rng = random.Random(5)
+    optional = [name for name in _WIRE if name not in ("reason", "length")]
+    values = {"weight": 0.25, "group_id": "g", "finish_rank": 3, "selected": True,
+              "selection": "short", "stop": 7, "trace": [-0.5, 1.0],
+              "weight_versions": [[0, 0], [1, 5]]}
+    for _ in range(200):
+        kw = {"reason": rng.choice(list(Reason)), "length": rng.randrange(1000)}
+        for name in rng.sample(optional, rng.randrange(len(optional) + 1)):
+            kw[name] = values.get(name, rng.choice([None, 0, 1, 0.5, "x"]))
+        assert RolloutInfo.carrier(**kw) == RolloutInfo(**kw).encode()
+    with pytest.raises(TypeError):
+        RolloutInfo.carrier(reason=Reason.EOS, length=1, hidden=[1.0])   # in-process only
+    with pytest.raises(TypeError):
+        RolloutInfo.carrier(reason=Reason.EOS)
+
+
 def test_a_record_is_compact_and_never_carries_a_hidden_state():
     """With return_hidden the record names the worker's vector (hidden_id) and holds it
     in-process only: the wire form has no hidden text, and decoding one (an old engine's)

@@ -122,7 +122,8 @@ class AsyncDrafts:
         f.owners = list(map(runner.requests.get, f.req_ids))
         f.n_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int64).copy()
         f.sched = self._sched
-        f.drafted = np.fromiter(map(self._drafted.get, f.req_ids, repeat(0)), np.int64, n)
+        f.drafted = (np.fromiter(map(self._drafted.get, f.req_ids, repeat(0)), np.int64, n)
+                     if self._drafted else np.zeros(n, dtype=np.int64))
         self._in_flight.append(f)
         self._last = f
         return torch.zeros((n, self.k_max), dtype=torch.int32, device=runner.device)

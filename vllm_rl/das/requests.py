@@ -217,7 +217,7 @@ class RequestBook:
             self._stops[t] += sign
             if self._stops[t] <= 0:
                 del self._stops[t]
-        if ids and (sign < 0 or len(self._stops) != before):
+        if len(self._stops) != before:          # the set changed (sign is one way)
             self._stop_ids = np.array(sorted(self._stops), dtype=np.int32)
 
     def _finish(self, st: RequestState, natural: bool) -> None:

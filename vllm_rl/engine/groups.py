@@ -33,8 +33,9 @@ class Member:
     arrol: ArrolSample | None = None
     ended: bool = False         # its record is written (an early or a natural end)
     weight_version: int = 0     # the engine's weight version of its first token
-    # weight syncs it ran across: (new version, output-token index where it began)
-    version_starts: list[tuple[int, int]] = field(default_factory=list)
+    # weight syncs it ran across: (new version, output-token index where it began); a
+    # tuple, shared empty until the first sync (no object per request)
+    version_starts: tuple[tuple[int, int], ...] = ()
     prior: int = 0              # partial rollouts: tokens made in earlier steps (a
                                 # continuation's prompt ends with them)
     carried: bool = False       # partial rollouts: its step ended first

@@ -52,13 +52,13 @@ def write(request: "Request", member: "Member", reason: Reason) -> None:
     if member.flags.partial is not None:
         fields.update(partial_fields(member))
     group = member.group
-    request.stop_reason = RolloutInfo(
+    request.stop_reason = RolloutInfo.carrier(
         reason=reason, length=member.length(request.num_output_tokens),
         weight=weight(member, reason),
         group_id=group.flags.id if group is not None else None,
         finish_rank=member.finish_rank,
         stop=request.stop_reason if reason in (Reason.EOS, Reason.STOP) else None,
-        **fields).encode()
+        **fields)
 
 
 def version_fields(member: "Member") -> dict:

@@ -387,7 +387,7 @@ class RLSchedulerMixin(TraceMixin):
             if n == 0:
                 member.weight_version = version     # no token from the old weights
             else:
-                member.version_starts.append((version, n))
+                member.version_starts += ((version, n),)
                 across += 1
         self.rl_last_sync = {"weight_version": version, "prefix_cache_reset": ok,
                              "cached_blocks_dropped": cached,
