@@ -425,6 +425,33 @@ def test_a_natural_end_is_fed_after_the_feeds_before_it():
                                               PROMPT + list(range(105, 116))]
 
 
+def test_a_departed_request_is_sealed_after_every_step_taken_in_with_it_is_fed():
+    """A step that takes in two steps at once (drafting turns on without the lookahead:
+    it waits for both) feeds both on the feeder thread; a request that left the runner
+    in between, in the older step only, is sealed after that feed, not before it."""
+    truth = list(range(11, 60)) + [EOS]
+    p, runner = _proposer(batch_cap="linear", lookahead=False), AsyncRunner()
+    p._feeder = _LazyFeeder()
+    p.prebuild("P", [truth], PROMPT)
+    runner.add("a", _request({"problem_id": "P", "policy": "fixed"}, max_tokens=40))
+    runner.add("q", _request({"problem_id": "Q", "budget": 0}))
+    pos = {"a": 1}
+    model = _follow(truth, pos)
+
+    def a_follows(verified):
+        return model({"a": verified.get("a", [])})
+    runner.step(p, {"a": [truth[0]], "q": [100]})
+    for tok in range(101, 104):
+        runner.step(p, lambda v, tok=tok: {**a_follows(v), "q": [tok]})
+    p._drafting = False              # the last decision drafted nothing: one step stays out
+    runner.drop("q")
+    runner.step(p, a_follows)
+    assert len(p._in_flight) == 2    # the step with q's last token, and the one after it
+    runner.step(p, a_follows)        # drafting again: both taken in, q gone
+    p.sync()
+    assert p.store.sequences("Q") == [PROMPT + [100, 101, 102, 103]]
+
+
 def test_force_drafts_past_a_batch_cap_that_is_off():
     """``das.force``: the request drafts its budget where the batch cap has drafting off
     for everyone else (forced on); ``budget: 0`` drafts nothing (forced off)."""

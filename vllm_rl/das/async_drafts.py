@@ -167,10 +167,11 @@ class AsyncDrafts:
             if ready is not None:
                 ready = self._take_guess(f, plan, ready)
             if feeds:
-                # a step just taken in may still be fed on the feeder thread, the steps in
-                # flight are not taken in yet: their requests are sealed later, once fed
+                # the steps just taken in may still be fed on the feeder thread (every one
+                # of them), the steps in flight are not taken in yet: their requests are
+                # sealed later, once fed
                 self._retire(runner.requests, lambda: set(f.req_ids).union(
-                    feeds[-1].req_ids, *(g.req_ids for g in self._in_flight)))
+                    *(g.req_ids for g in feeds), *(g.req_ids for g in self._in_flight)))
             self._drafted = {}
             if not spec:
                 return scheduler_output, {}, None
