@@ -27,7 +27,7 @@ from typing import Callable, ClassVar
 
 CHECKED = ("0.32.0", "0.33.0")
 # The modules holding patches, by the vLLM module each touches.
-MODULES = ("config", "input_processor", "output_processor", "outputs", "openai_serving",
+MODULES = ("compilation", "config", "input_processor", "output_processor", "outputs", "openai_serving",
            "engine_core", "input_batch", "rejection_sampler",
            "model_runner.arrol_capture", "model_runner.das_context",
            "model_runner.das_async")
