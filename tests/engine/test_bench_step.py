@@ -37,17 +37,40 @@ def test_step_bench_runs_every_configuration_and_reports(tmp_path):
 
 
 def test_points_bench_writes_the_table_and_its_picture(tmp_path):
-    cmd = [sys.executable, "-m", "vllm_rl.cli", "bench", "points", "--sizes", "1,2",
+    """One size live (stock and DAS engines, one step each); the table and picture over
+    two sizes and the merge of labelled runs from that run's own points."""
+    from vllm_rl.bench import points
+
+    cmd = [sys.executable, "-m", "vllm_rl.cli", "bench", "points", "--sizes", "2",
            "--seeds", "0", "--m", "2", "--max-tokens", "32", "--configs", "das",
-           "--kv-gib-per-seq", "0.05", "--out", str(tmp_path)]
+           "--kv-gib-per-seq", "0.05", "--out", str(tmp_path / "live")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
-    doc = json.loads((tmp_path / "points.json").read_text())
-    assert [(p["prompts"], p["seed"]) for p in doc["points"]] == [(1, 0), (2, 0)]
+    doc = json.loads((tmp_path / "live" / "points.json").read_text())
+    assert [(p["prompts"], p["seed"]) for p in doc["points"]] == [(2, 0)]
     agg = doc["aggregate"]
     assert set(agg) == {"stock-4", "das"}
     for cells in agg.values():
-        assert set(cells) == {"1", "2"}
+        assert set(cells) == {"2"}
         assert all(c["host_mean"] > 0 and c["gpu_mean"] > 0 for c in cells.values())
-    assert (tmp_path / "points.png").stat().st_size > 0
+    assert (tmp_path / "live" / "points.png").stat().st_size > 0
     assert "| das |" in done.stdout and "host-counted" in done.stdout
+
+    # the same run's point at a second size: one table column and one picture point each
+    [point] = doc["points"]
+    two = [point, {**point, "prompts": 4}]
+    agg2 = points.aggregate(two, 2)
+    assert set(agg2["das"]) == {"2", "4"} and agg2["das"]["2"] == agg2["das"]["4"]
+    header = points.table(agg2, [2, 4], 2).splitlines()[0]
+    assert "2x2 host-counted" in header and "4x2 GPU-only" in header
+    args = points.parser().parse_args(["--m", "2", "--max-tokens", "32"])
+    assert points.picture(agg2, [2, 4], args, tmp_path / "two.png").stat().st_size > 0
+    merged = tmp_path / "merged"
+    points.main(["--merge", str(tmp_path / "live" / "points.json"),
+                 str(tmp_path / "live" / "points.json"), "--labels", "a,b", "--m", "2",
+                 "--out", str(merged)])
+    labelled = json.loads((merged / "points.json").read_text())["aggregate"]
+    assert set(labelled) == {"stock-4", "das [a]", "das [b]"}
+    assert labelled["das [a]"]["2"]["host"] == agg["das"]["2"]["host"]
+    assert len(labelled["stock-4"]["2"]["host"]) == 2
+    assert (merged / "points.png").stat().st_size > 0
