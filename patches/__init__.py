@@ -27,8 +27,8 @@ from typing import Callable, ClassVar
 
 CHECKED = ("0.32.0", "0.33.0")
 # The modules holding patches, by the vLLM module each touches.
-MODULES = ("compilation", "config", "input_processor", "output_processor", "outputs", "openai_serving",
-           "engine_core", "input_batch", "rejection_sampler",
+MODULES = ("compilation", "config", "input_processor", "output_processor", "outputs",
+           "openai_serving", "engine_core", "input_batch", "rejection_sampler",
            "model_runner.arrol_capture", "model_runner.das_context",
            "model_runner.das_async")
 

