@@ -388,6 +388,26 @@ def test_async_catch_up_feeds_every_step_and_seals_a_departed_request_once_fed()
     assert "gone" not in p.requests
 
 
+def test_async_rows_keep_their_slots_while_no_slot_changes_hands():
+    """Under async scheduling a step's rows are mapped to slots when its drafts are
+    planned and reused when its tokens are taken in; a request id reused in between (a
+    new rollout takes the old one's slot) maps them again: each rollout keeps its own
+    tokens, in its own problem's tree."""
+    p, runner = _proposer(), AsyncRunner()
+    runner.add("keep", _request({"problem_id": "K", "budget": 0}))
+    runner.add("r", _request({"problem_id": "P", "budget": 0}))
+    for tok in range(5, 9):
+        runner.step(p, {"keep": [tok], "r": [tok + 100]})
+    runner.drop("r")
+    runner.add("r", _request({"problem_id": "Q", "budget": 0}))   # same id, a new request
+    for tok in range(9, 12):
+        runner.step(p, {"keep": [tok], "r": [tok + 200]})
+    p.sync()
+    assert list(p.store.sequences("K")) == [PROMPT + list(range(5, 12))]
+    assert list(p.store.sequences("P")) == [PROMPT + [t + 100 for t in range(5, 9)]]
+    assert list(p.store.sequences("Q")) == [PROMPT + [t + 200 for t in range(9, 12)]]
+
+
 class _LazyFeeder:
     """The feeder thread at its slowest: its calls run in order (one worker), each only
     when it or a later one is waited for."""

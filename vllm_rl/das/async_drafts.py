@@ -66,6 +66,7 @@ class AsyncDrafts:
         self._windows = ContextWindows(self.cfg.max_depth, self.k_max + 1)
         self._sampled: _InFlight | None = None
         self._in_flight: list[_InFlight] = []
+        self._taken: list[_InFlight] = []            # the steps the last catch-up took in
         self._last: _InFlight | None = None
         self._verifying = None                      # (rows, drafts, counts)
         self._drafted: dict[str, int] = {}
@@ -170,8 +171,8 @@ class AsyncDrafts:
                 # the steps just taken in may still be fed on the feeder thread (every one
                 # of them), the steps in flight are not taken in yet: their requests are
                 # sealed later, once fed
-                self._retire(runner.requests, lambda: set(f.req_ids).union(
-                    *(g.req_ids for g in feeds), *(g.req_ids for g in self._in_flight)))
+                steps = (f, *self._taken, *self._in_flight)
+                self._retire(runner.requests, lambda rid: any(rid in g.ids for g in steps))
             self._drafted = {}
             if not spec:
                 return scheduler_output, {}, None
@@ -207,6 +208,10 @@ class AsyncDrafts:
         copies are done: no wait).  Returns their rows, to be fed by the next tree call
         (:meth:`_tree_call`)."""
         todo = self._in_flight[:] if last else self._in_flight[:-1]
+        self._taken = todo
+        if self._detached:          # reused ids' old requests: the last tree call fed them
+            self._wait_feed()
+            self._seal_detached()
         if not todo:
             return []
         # the feeder's last call first: a natural end taken in here is fed and sealed at
@@ -240,7 +245,7 @@ class AsyncDrafts:
         tokens = arr[valid].astype(np.int32)
         sched, self._sched = self._sched, f.sched
         try:
-            step = self._rows(f.owners, None, f.req_ids, tokens, offsets, None)
+            step = self._rows(f.owners, None, f.req_ids, tokens, offsets, None, memo=f)
             S, win = self.slots, self._windows
             if f.assumed is not None:       # did the step come out as its lookahead guessed?
                 rows = np.flatnonzero(step.slots >= 0)
@@ -269,7 +274,8 @@ class AsyncDrafts:
         without ``draft``: lengths decided only)."""
         n = len(f.req_ids)
         empty = np.zeros(0, dtype=np.int32)
-        step = self._rows(f.owners, None, f.req_ids, empty, np.zeros(n + 1, np.int64), None)
+        step = self._rows(f.owners, None, f.req_ids, empty, np.zeros(n + 1, np.int64), None,
+                          memo=f)
         S = self.slots
         das = step.slots >= 0
         generated = np.where(das, S.generated[step.safe], 0)
@@ -403,6 +409,16 @@ class _InFlight:
     drafted: Any = None          # draft tokens each row was verified on in the step
     fed: bool = False            # its tokens were taken in
     assumed: Any = None          # lookahead: (lengths, tokens) each row is assumed to get
+    row_slots: Any = None        # its rows' slots as first mapped (RequestBook._rows)
+    row_epochs: Any = None       # and those slots' epochs then
+    _ids: Any = None
+
+    @property
+    def ids(self) -> set:
+        """Its request ids as a set (built once)."""
+        if self._ids is None:
+            self._ids = set(self.req_ids)
+        return self._ids
 
 
 @dataclass

@@ -213,12 +213,13 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
 
     def settle(self) -> None:
         """Before anything reads or changes the trees (the ``das_*`` calls): finish an
-        async step whose tokens were not fed yet (its drafts wait for the next step) and
-        wait for the background feed."""
+        async step whose tokens were not fed yet (its drafts wait for the next step),
+        wait for the background feed, and seal the old requests of reused ids."""
         if self._in_flight:
             self._tree_call(self._catch_up(last=True), None)
             self._last = None               # its drafts wait for the next step
         self._wait_feed()
+        self._seal_detached()
 
     def sync(self) -> None:
         """Wait for the background feed and seal rollouts that ended since the last step

@@ -50,28 +50,45 @@ class RequestBook:
         self._rows_key: tuple | None = None  # (req_ids, owners) the cached row slots are for
         self._row_slots = np.zeros(0, dtype=np.int64)
         self._forcing = False               # a request with das.force was seen
+        self._detached: list[RequestState] = []   # reused ids' old requests, to seal once fed
 
-    def _rows(self, owners, batch, req_ids, tokens, offsets, ntok) -> StepRows:
+    def _rows(self, owners, batch, req_ids, tokens, offsets, ntok, memo=None) -> StepRows:
         """The step's rows as arrays (row ``i``, request ``req_ids[i]`` with the runner's
         state ``owners[i]``, got ``tokens[offsets[i]:offsets[i+1]]``); admits the
         requests seen for the first time (and a new request under a reused id).  C-level
-        passes over vLLM's lists only: a request's own Python runs at its admission."""
+        passes over vLLM's lists only: a request's own Python runs at its admission.
+
+        ``memo`` (an async step's :class:`~.async_drafts._InFlight`, mapped twice: its
+        drafts planned, then its tokens taken in) keeps the rows' slots with their
+        epochs; the second mapping reuses them while no slot of theirs changed hands."""
+        S = self.slots
+        if memo is not None and memo.row_slots is not None:
+            slots = memo.row_slots
+            if np.array_equal(S.epoch[np.maximum(slots, 0)], memo.row_epochs):
+                return self._step_rows(slots, req_ids, tokens, offsets, ntok)
         n = len(req_ids)
         key = self._rows_key
         if (key is None or key[0] != req_ids or len(key[1]) != n
                 or not all(map(operator.is_, owners, key[1]))):
             known = np.fromiter(map(operator.is_, owners, map(self._owner.get, req_ids)),
                                 dtype=bool, count=n)
-            memo = _Admissions()
+            admissions = _Admissions()
             for i in np.flatnonzero(~known).tolist():
-                self._state(req_ids[i], owners[i], batch, i, memo)
+                self._state(req_ids[i], owners[i], batch, i, admissions)
             self._row_slots = np.fromiter(map(self._slot_of.get, req_ids, repeat(-1)),
                                           dtype=np.int64, count=n)
             self._rows_key = (list(req_ids), owners)
         slots = self._row_slots
+        if memo is not None:
+            memo.row_slots, memo.row_epochs = slots, S.epoch[np.maximum(slots, 0)]
+        return self._step_rows(slots, req_ids, tokens, offsets, ntok)
+
+    @staticmethod
+    def _step_rows(slots, req_ids, tokens, offsets, ntok) -> StepRows:
+        n = len(slots)
         return StepRows(n=n, slots=slots, safe=np.maximum(slots, 0), tokens=tokens,
-                     offsets=offsets, feed=np.zeros(n, dtype=np.int32), ntok=ntok,
-                     max_tokens=np.zeros(n, dtype=np.int32), req_ids=req_ids)
+                        offsets=offsets, feed=np.zeros(n, dtype=np.int32), ntok=ntok,
+                        max_tokens=np.zeros(n, dtype=np.int32), req_ids=req_ids)
 
     def _verify(self, step: StepRows, active, drafted: np.ndarray) -> tuple[int, int, int]:
         """Eq. 3's counts: per row that was verified on a draft (``active``, ``drafted``
@@ -135,9 +152,12 @@ class RequestBook:
                memo: "_Admissions | None" = None) -> None:
         """A request seen for the first time (or a new request under a reused id)."""
         memo = memo if memo is not None else _Admissions()
-        if rid in self.requests:
-            self._seal(rid)                      # the id was reused by a new request
-            memo.initial.clear()                 # its seal may slide its problem's window
+        if rid in self.requests:                 # the id was reused by a new request
+            if self._asynchronous:
+                self._detach(rid)
+            else:
+                self._seal(rid)
+                memo.initial.clear()             # its seal may slide its problem's window
         st = None
         params = getattr(cached, "sampling_params", None)
         flags = memo.flags(getattr(params, "extra_args", None), rid)
@@ -250,19 +270,39 @@ class RequestBook:
         self._owner.pop(rid, None)
         self._slot_of.pop(rid, None)
         if st is not None:
-            if not st.done:
-                self._finish(st, natural=False)    # cancelled, aborted or stopped by a string
-            self._flush(st)
-            del self._by_slot[st.slot]
-            self.slots.give_back(st.slot)
-            self._rows_key = None                  # the slot may be taken again
+            self._seal_state(st)
 
-    def _retire(self, live_requests: dict, keep=None) -> None:
-        """Forget requests that left the runner (but those ``keep()`` returns, called only
-        when some left), sealing those not sealed yet."""
+    def _seal_state(self, st: RequestState) -> None:
+        if not st.done:
+            self._finish(st, natural=False)        # cancelled, aborted or stopped by a string
+        self._flush(st)
+        del self._by_slot[st.slot]
+        self.slots.give_back(st.slot)
+        self._rows_key = None                      # the slot may be taken again
+
+    def _detach(self, rid: str) -> None:
+        """Async scheduling: a reused request id names the new request from now on; the
+        old one keeps its slot until its last steps are fed (the steps taken in but not
+        fed yet still count tokens for it), then :meth:`_seal_detached` seals it."""
+        st = self.requests.pop(rid, None)
+        self._owner.pop(rid, None)
+        self._slot_of.pop(rid, None)
+        if st is not None:
+            self._detached.append(st)
+        self._rows_key = None
+
+    def _seal_detached(self) -> None:
+        """Seal the requests :meth:`_detach` kept (their steps were fed since)."""
+        detached, self._detached = self._detached, []
+        for st in detached:
+            self._seal_state(st)
+
+    def _retire(self, live_requests: dict, held=None) -> None:
+        """Forget requests that left the runner (but those for which ``held(rid)`` is
+        true), sealing those not sealed yet."""
         gone = self._owner.keys() - live_requests.keys()
-        if gone and keep is not None:
-            gone -= keep()
+        if gone and held is not None:
+            gone = [rid for rid in gone if not held(rid)]
         for rid in gone:
             self._seal(rid)
         if gone:

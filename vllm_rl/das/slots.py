@@ -31,7 +31,9 @@ class Slots:
     (length class, :data:`vllm_rl.das.budget.CLASSES` index) int8, ``min_prob`` float64,
     ``done`` bool (sealed at a natural end), ``force`` bool (``das.force``: drafts past
     the batch cap), ``guess_ok`` bool (async lookahead: the last step taken in came out
-    as its drafts' lookahead assumed, so the drafts made on it stand)."""
+    as its drafts' lookahead assumed, so the drafts made on it stand); ``epoch`` int64,
+    bumped when the slot is taken or given back, never zeroed (rows mapped to slots
+    earlier are still those requests while their slots' epochs are unchanged)."""
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = 0
@@ -49,6 +51,7 @@ class Slots:
         self._resize("done", np.bool_, capacity)
         self._resize("force", np.bool_, capacity)
         self._resize("guess_ok", np.bool_, capacity)
+        self._resize("epoch", np.int64, capacity)
         self._free.extend(range(capacity - 1, old - 1, -1))
         self.capacity = capacity
 
@@ -65,10 +68,12 @@ class Slots:
         slot = self._free.pop()
         for name in _INT + ("policy", "rank", "min_prob", "done", "force", "guess_ok"):
             getattr(self, name)[slot] = 0
+        self.epoch[slot] += 1
         self.used += 1
         return slot
 
     def give_back(self, slot: int) -> None:
+        self.epoch[slot] += 1
         self._free.append(slot)
         self.used -= 1
 
