@@ -11,8 +11,9 @@ them).  The front end checks the flags once, at submission (the server's middlew
 ``vllm_rl/http_flags.py``, and ``patches/input_processor.py``): a bad flag raises
 :class:`FlagError` naming the flag and its allowed range, and only that request fails
 (HTTP 400).  The front end writes the canonical form (:meth:`RLFlags.canonical`); the
-engine reads it once per request (the scheduler's admission; the worker-side readers
-once per request each, :func:`read_or_warn`); the per-step loops never read dicts.
+engine reads it once per request (the scheduler's admission, :class:`FlagReads`: once
+per distinct flags text; the worker-side readers once per request each,
+:func:`read_or_warn`); the per-step loops never read dicts.
 """
 from __future__ import annotations
 
@@ -561,6 +562,40 @@ def read_or_warn(extra_args: dict[str, Any] | None, request_id: str,
             (log or logging.getLogger(__name__)).warning(
                 "request %s: %s; served without its vllm_rl flags", request_id, e)
         return None
+
+
+class FlagReads:
+    """:func:`read_or_warn` for the scheduler's admissions, each distinct flags text read
+    once.  The samples of a group arrive with equal flags (vLLM's parallel sampling gives
+    each child a shallow copy of the parent's params; past the engine's process boundary
+    each child carries an equal copy): the first is read, the others get its
+    :class:`RLFlags` (frozen, so shared).  The key is the ``repr`` of the flags as sent
+    (the front end vetted them: builtin values only); flags in dotted keys, and flags
+    whose group was named by the request id (``default_group_id``), are read every
+    time.  The last ``size`` texts are kept."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._read: OrderedDict[str, RLFlags] = OrderedDict()
+
+    def read(self, extra_args: dict[str, Any], request_id: str,
+             log: logging.Logger | None = None,
+             default_group_id: str | None = None) -> RLFlags | None:
+        raw = extra_args.get(KEY)
+        key = None if raw is None or any(isinstance(k, str) and k.startswith(KEY + ".")
+                                         for k in extra_args) else repr(raw)
+        if key is not None:
+            flags = self._read.get(key)
+            if flags is not None:
+                self._read.move_to_end(key)
+                return flags
+        flags = read_or_warn(extra_args, request_id, log, default_group_id=default_group_id)
+        if (key is not None and flags is not None
+                and (flags.group is None or flags.group.id != default_group_id)):
+            self._read[key] = flags
+            if len(self._read) > self.size:
+                self._read.popitem(last=False)
+        return flags
 
 
 def rl_params(group: dict | None = None, darts: dict | bool | None = None,

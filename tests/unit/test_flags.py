@@ -187,6 +187,30 @@ def test_read_leaves_the_callers_flags_alone():
     assert nested == {"darts": {"mode": "auto"}, "group": {"size": 2}}
 
 
+def test_flag_reads_share_one_read_per_flags_text():
+    """The scheduler's admissions: equal flags (a group's samples, each with its own
+    copy) read once and shared; what a request id names, dotted keys and bad flags are
+    read every time; the last ``size`` texts are kept."""
+    from vllm_rl.flags import FlagReads, read
+
+    reads = FlagReads(size=2)
+    a = rl_params(group={"size": 2, "id": "g"}, das={"problem_id": "p"})
+    first = reads.read(a, "r0", default_group_id="r0")
+    again = reads.read(json.loads(json.dumps(a)), "r1", default_group_id="r1")
+    assert again is first and first == read(a, default_group_id="r0")
+    assert reads.read({**a, "other": 1}, "r1b", default_group_id="r1b") is first
+    # unnamed group: named by each request's id, never shared
+    b = rl_params(group={"size": 2}, das={})
+    assert reads.read(b, "r2", default_group_id="r2").group.id == "r2"
+    assert reads.read(b, "r3", default_group_id="r3").group.id == "r3"
+    dotted = {"vllm_rl.duet.eps": 0.5}
+    assert reads.read(dotted, "r4") is not reads.read(dotted, "r5")
+    assert reads.read({"vllm_rl": {"arrol": {"kappa": 3}}}, "r6") is None
+    for i in range(2):                                      # a pushes out of the cache
+        reads.read(rl_params(das={"problem_id": f"q{i}"}), f"s{i}")
+    assert reads.read(a, "r7", default_group_id="r7") is not first
+
+
 def test_read_or_warn_logs_once_per_request_and_serves_without_flags(caplog):
     import logging
 

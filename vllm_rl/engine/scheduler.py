@@ -64,7 +64,7 @@ from vllm_rl.engine import records
 from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
 from vllm_rl.engine.steps import StepBook, stale
 from vllm_rl.engine.trace import TraceMixin
-from vllm_rl.flags import KEY, read_or_warn
+from vllm_rl.flags import KEY, FlagReads
 from vllm_rl import step_output
 from vllm_rl.outcome import Reason
 
@@ -83,6 +83,7 @@ class RLSchedulerMixin(TraceMixin):
         check_runner(self.vllm_config)      # ARRoL: the capture patch serves the V1 runner
         self.rl_groups = GroupRegistry()
         self.rl_members: dict[str, Member] = {}
+        self._flag_reads = FlagReads()      # a group's samples share one read of its flags
         # The members a rule may end after a step (DUET, ARRoL, DARTS, or a late member
         # of a stopped group): the per-step walk (_apply_rules).  A sample with DAS
         # flags alone is not walked: it has no rule.
@@ -140,8 +141,8 @@ class RLSchedulerMixin(TraceMixin):
         if not any(k == KEY or k.startswith(KEY + ".") for k in extra_args
                    if isinstance(k, str)):
             return None
-        flags = read_or_warn(extra_args, request.request_id, logger,
-                             default_group_id=request.request_id)
+        flags = self._flag_reads.read(extra_args, request.request_id, logger,
+                                      default_group_id=request.request_id)
         if flags is None:
             params = request.sampling_params
             params.extra_args = {k: v for k, v in extra_args.items()
