@@ -103,12 +103,13 @@ def _mean_logprob(c) -> float:
 def test_sampling_distribution_unchanged_by_das(das_llm, prompts):
     """At temperature 1 the samples follow the model with DAS as without.
 
-    Per arm, three seeded rounds of 16 prompts x 8 samples; the statistic is a round's
+    Per arm, two seeded rounds of 16 prompts x 8 samples; the statistic is a round's
     mean per-sample token log-probability (and mean length).  Measured here, round means
-    spread with a standard deviation of about 0.01 nats (5 tokens), so arms three rounds
-    each differ by less than 0.04 (12 tokens) unless the verifier is wrong: with the CPU
-    temperature bug (``patches/rejection_sampler.py``) the DAS arm's tokens are noise, far
-    below -1 nat per token."""
+    spread with a standard deviation of about 0.01 nats (5 tokens), so the arms' means
+    differ by less than 0.04 (four standard deviations; 12 tokens) unless the verifier
+    is wrong: with the CPU temperature bug (``patches/rejection_sampler.py``) the DAS
+    arm's tokens are noise, far below -1 nat per token.  Position by position, the
+    chi-square test of ``test_das_async.py`` checks the law itself."""
     ps = prompts[24:40]
 
     def arm(das: bool, seed: int) -> tuple[float, float]:
@@ -122,8 +123,8 @@ def test_sampling_distribution_unchanged_by_das(das_llm, prompts):
         return statistics.fmean(map(_mean_logprob, cs)), statistics.fmean(len(c.token_ids) for c in cs)
 
     arm(True, 10)                                           # fills the trees
-    with_das = [arm(True, seed) for seed in (11, 12, 13)]
-    without = [arm(False, seed) for seed in (21, 22, 23)]
+    with_das = [arm(True, seed) for seed in (11, 12)]
+    without = [arm(False, seed) for seed in (21, 22)]
     for k, bound in ((0, 0.04), (1, 12.0)):
         diff = statistics.fmean(x[k] for x in with_das) - statistics.fmean(x[k] for x in without)
         assert abs(diff) < bound, (k, with_das, without)
