@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import repeat
 from typing import Any
 
@@ -171,7 +172,7 @@ class AsyncDrafts:
                 # the steps just taken in may still be fed on the feeder thread (every one
                 # of them), the steps in flight are not taken in yet: their requests are
                 # sealed later, once fed
-                steps = (f, *self._taken, *self._in_flight)
+                steps = (*self._taken, *self._in_flight)        # f is in one of them
                 self._retire(runner.requests, lambda rid: any(rid in g.ids for g in steps))
             self._drafted = {}
             if not spec:
@@ -411,14 +412,11 @@ class _InFlight:
     assumed: Any = None          # lookahead: (lengths, tokens) each row is assumed to get
     row_slots: Any = None        # its rows' slots as first mapped (RequestBook._rows)
     row_epochs: Any = None       # and those slots' epochs then
-    _ids: Any = None
 
-    @property
+    @cached_property
     def ids(self) -> set:
-        """Its request ids as a set (built once)."""
-        if self._ids is None:
-            self._ids = set(self.req_ids)
-        return self._ids
+        """Its request ids as a set."""
+        return set(self.req_ids)
 
 
 @dataclass
