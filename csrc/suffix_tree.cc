@@ -615,6 +615,89 @@ int SuffixTree::draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, To
   return static_cast<int>(len);
 }
 
+// The hypotheses of the lookahead (feed_and_draft's drafts with the first token branched).
+// A continuation other than `exclude` is monotone in the suffix length like continuing
+// itself (a shorter suffix occurs wherever a longer one does, with every continuation of
+// it), so the longest suffix that has one is bisected as in draft_into's backoff.
+int SuffixTree::branch_into(const Token* context, size_t n, Token exclude, int branches,
+                            int max_tokens, double min_prob, Token* out, int width,
+                            int32_t* lens) const {
+  for (int j = 0; j < branches; ++j) lens[j] = 0;
+  if (branches <= 0 || width < 1 || max_tokens < 0) return 0;
+  const uint32_t b = static_cast<uint32_t>(
+      std::max(0, std::min({max_tokens, max_depth_ - 1, width - 1})));
+  // Condition on at most D - b - 1 tokens: the branch and b tokens follow within the depth.
+  const uint32_t cap = static_cast<uint32_t>(std::max(max_depth_ - static_cast<int>(b) - 1, 1));
+  auto other = [exclude](const Locus& l) {
+    if (l.off < l.node->len) return label(l.node)[l.off] != exclude;
+    return l.node->nchild > 1 || (l.node->nchild == 1 && l.node->ctok[0] != exclude);
+  };
+  Locus at;
+  uint32_t m = longest_suffix(context, n, cap, &at);
+  if (m > 0 && !other(at)) {
+    const Token* back = context + n;
+    uint32_t lo = 0, hi = m;
+    Locus best{&root_, 0};
+    while (hi - lo > 1) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      Locus got;
+      if (walk(back - mid, mid, &got) != mid) corrupted("suffix of a match not found");
+      if (other(got)) {
+        lo = mid;
+        best = got;
+      } else {
+        hi = mid;
+      }
+    }
+    m = lo;
+    at = best;
+  }
+  if (m == 0) return 0;
+  // The candidates: the edge's next token, or the node's children by count (descending;
+  // children ascend by token and a strict '>' keeps the smaller token first).
+  constexpr int kMaxBranches = 16;
+  const int want = std::min(branches, kMaxBranches);
+  Token tok[kMaxBranches];
+  Locus next[kMaxBranches];
+  uint32_t cnt[kMaxBranches];
+  int got = 0;
+  if (at.off < at.node->len) {
+    tok[0] = label(at.node)[at.off];
+    next[0] = Locus{at.node, at.off + 1};
+    got = 1;
+  } else {
+    Node* const* ch = kids(at.node);
+    for (uint32_t i = 0; i < at.node->nchild; ++i) {
+      const Token t = at.node->ctok[i];
+      if (t == exclude) continue;
+      const uint32_t c = ch[i]->count;
+      int pos = got < want ? got : want;
+      while (pos > 0 && cnt[pos - 1] < c) --pos;
+      if (pos >= want) continue;
+      for (int k = std::min(got, want - 1); k > pos; --k) {
+        tok[k] = tok[k - 1];
+        next[k] = next[k - 1];
+        cnt[k] = cnt[k - 1];
+      }
+      tok[pos] = t;
+      next[pos] = Locus{ch[i], 1};
+      cnt[pos] = c;
+      got = std::min(got + 1, want);
+    }
+  }
+  for (int j = 0; j < got; ++j) {
+    Token* o = out + static_cast<int64_t>(j) * width;
+    o[0] = tok[j];
+    int match_len = 0;
+    int64_t match_count = 0;
+    const int len = b ? draft_from(next[j], m + 1, b, min_prob, o + 1, nullptr, &match_len,
+                                   &match_count)
+                      : 0;
+    lens[j] = 1 + len;
+  }
+  return got;
+}
+
 // draft_into(context, n, max_tokens, min_prob, backoff = true, ...) for a context whose
 // tail is the tail of the growing sequence `id` (the batched step's rows), without
 // walking from the root.  Returns -1 when it cannot decide; the caller then runs
@@ -871,6 +954,41 @@ StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees, const StepR
   }
   times.draft_ns = now_ns() - t1;
   return times;
+}
+
+int64_t branch_drafts(SuffixTree* const* trees, size_t num_trees, const BranchRows& r) {
+  if (r.branches < 1) throw std::invalid_argument("branches must be >= 1");
+  if (r.width < 0) throw std::invalid_argument("width must be >= 0");
+  for (size_t i = 0; i < r.rows; ++i) {
+    const int32_t t = r.tree[i];
+    if (t < 0 || r.max_tokens[i] < 0) continue;
+    if (static_cast<size_t>(t) >= num_trees || !trees[t])
+      bad_row(i, "tree index " + std::to_string(t) + " names no tree");
+    if (r.context_len[i] < 0 || r.context_len[i] > r.columns)
+      bad_row(i, "context length must be in [0, the context array's columns]");
+    if (!(r.min_prob[i] >= 0.0 && r.min_prob[i] <= 1.0))
+      bad_row(i, "min_prob must be in [0, 1]");
+  }
+  const int64_t t0 = now_ns();
+  std::shared_lock<std::shared_mutex> lock;
+  const SuffixTree* held = nullptr;
+  for (size_t i = 0; i < r.rows; ++i) {
+    int32_t* lens = r.out_len + static_cast<int64_t>(i) * r.branches;
+    for (int j = 0; j < r.branches; ++j) lens[j] = 0;
+    if (r.tree[i] < 0 || r.max_tokens[i] < 0 || r.context_len[i] == 0) continue;
+    const SuffixTree* t = trees[r.tree[i]];
+    if (t != held) {
+      lock = std::shared_lock<std::shared_mutex>(t->mu_);
+      held = t;
+    }
+    const size_t n = static_cast<size_t>(r.context_len[i]);
+    const size_t keep = std::min<size_t>(n, t->max_depth());
+    const Token* ctx = r.context + static_cast<int64_t>(i) * r.stride + (n - keep);
+    t->branch_into(ctx, keep, r.exclude ? r.exclude[i] : -1, r.branches, r.max_tokens[i],
+                   r.min_prob[i], r.out + static_cast<int64_t>(i) * r.branches * r.width,
+                   r.width, lens);
+  }
+  return now_ns() - t0;
 }
 
 int64_t SuffixTree::num_nodes() const {

@@ -99,6 +99,25 @@ struct StepRows {
   int32_t* out_len = nullptr;
 };
 
+// The lookahead's hypotheses for branch_drafts (below): per row, the `branches` most
+// frequent continuations of its context other than one excluded token, each followed by
+// its draft.  Plain arrays, row-major, one entry per row unless stated.
+struct BranchRows {
+  size_t rows = 0;
+  const int32_t* tree = nullptr;       // index into the tree list; < 0: no tree
+  const Token* context = nullptr;      // row i's context is context[i * stride, + context_len[i])
+  int64_t stride = 0;
+  int64_t columns = 0;
+  const int32_t* context_len = nullptr;
+  const Token* exclude = nullptr;      // a token no branch may be (< 0: none); nullptr: none
+  const int32_t* max_tokens = nullptr; // draft after each branch token (< 0: skip the row)
+  const double* min_prob = nullptr;    // cumulative-probability cutoff of each draft
+  int32_t branches = 1;
+  Token* out = nullptr;                // row i, branch j: out[(i * branches + j) * width, + len)
+  int32_t width = 0;                   // the branch token, then its draft
+  int32_t* out_len = nullptr;          // [rows * branches]: 0 where there is no such branch
+};
+
 struct StepTimes {  // CPU time of the calling thread in each phase
   int64_t feed_ns = 0;
   int64_t draft_ns = 0;
@@ -223,6 +242,13 @@ class SuffixTree {
   int draft_from_active(SeqId id, const Token* context, size_t n, int max_tokens,
                         double min_prob, Token* out, double* probs, int* match_len,
                         int64_t* match_count) const;
+  // The `branches` most frequent continuations of the context's longest suffix that
+  // continues with a token other than `exclude` (< 0: any token), each followed by its
+  // draft of at most max_tokens tokens from min_prob (cumulative after the branch):
+  // branch j at out[j * width] and its draft after it, lens[j] = 1 + draft length (0: no
+  // j-th branch).  Ties: the smaller token first, as draft_from.  Returns the branches.
+  int branch_into(const Token* context, size_t n, Token exclude, int branches, int max_tokens,
+                  double min_prob, Token* out, int width, int32_t* lens) const;
   static bool continues(const Locus& l) { return l.off < l.node->len || l.node->nchild > 0; }
   Draft draft_unlocked(const std::vector<Token>& context, int max_tokens, double min_prob,
                        bool backoff = false) const;
@@ -247,6 +273,8 @@ class SuffixTree {
                                        const std::vector<int>&, double, bool);
   friend StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees,
                                   const StepRows& rows);
+  friend int64_t branch_drafts(SuffixTree* const* trees, size_t num_trees,
+                               const BranchRows& rows);
 
   const int max_depth_;
   Node root_;
@@ -279,5 +307,12 @@ std::vector<Draft> draft_many(const std::vector<const SuffixTree*>& trees,
 // is finished raises std::invalid_argument when reached, after the rows before it were
 // fed.  No Python: the caller may run it without the GIL.
 StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees, const StepRows& rows);
+
+// The lookahead's hypotheses for many rows (DAS under async scheduling: the drafts of
+// step n + 1 are made before step n's tokens are known): every row with a tree and
+// max_tokens >= 0 gets SuffixTree::branch_into's branches and drafts, under its tree's
+// shared lock.  Checked first (std::invalid_argument naming the row).  No Python: the
+// caller may run it without the GIL.  Returns the CPU time of the drafts (ns).
+int64_t branch_drafts(SuffixTree* const* trees, size_t num_trees, const BranchRows& rows);
 
 }  // namespace vllm_rl

@@ -420,6 +420,65 @@ void bind_suffix_tree(py::module_& m) {
       py::arg("max_tokens"), py::arg("min_prob"), py::arg("backoff") = true, kFeedAndDraftDoc);
 
   m.def(
+      "branch_drafts",
+      [](py::object trees, py::object tree_idx, py::object contexts, py::object context_len,
+         py::object exclude, py::object max_tokens, py::object min_prob, int branches) {
+        BranchRows r;
+        py::array keep[6];
+        r.tree = array_of<int32_t>(tree_idx, "tree_idx", -1, &keep[0]);
+        const py::ssize_t n = keep[0].shape(0);
+        r.rows = static_cast<size_t>(n);
+        r.context = array_of<int32_t>(contexts, "contexts", n, &keep[1], -1);
+        r.stride = keep[1].strides(0) / static_cast<py::ssize_t>(sizeof(int32_t));
+        r.columns = keep[1].shape(1);
+        r.context_len = array_of<int32_t>(context_len, "context_len", n, &keep[2]);
+        r.exclude = array_of<int32_t>(exclude, "exclude", n, &keep[3]);
+        r.max_tokens = array_of<int32_t>(max_tokens, "max_tokens", n, &keep[4]);
+        r.min_prob = array_of<double>(min_prob, "min_prob", n, &keep[5]);
+        if (branches < 1 || branches > 16) throw py::value_error("branches must be in [1, 16]");
+        r.branches = branches;
+        TreeTable* table = nullptr;
+        std::vector<py::object> held;
+        std::vector<SuffixTree*> listed;
+        if (py::isinstance<TreeTable>(trees)) {
+          table = py::cast<TreeTable*>(trees);
+        } else {
+          for (py::handle t : py::reinterpret_borrow<py::iterable>(trees)) {
+            held.push_back(py::reinterpret_borrow<py::object>(t));
+            listed.push_back(t.is_none() ? nullptr : py::cast<SuffixTree*>(t));
+          }
+        }
+        int32_t width = 0;
+        for (py::ssize_t i = 0; i < n; ++i) width = std::max(width, r.max_tokens[i]);
+        width = 1 + std::min(width, static_cast<int32_t>(SuffixTree::kMaxDepthLimit));
+        int64_t ns = 0;
+        py::array_t<int32_t> out({n, static_cast<py::ssize_t>(branches),
+                                  static_cast<py::ssize_t>(width)});
+        py::array_t<int32_t> lens({n, static_cast<py::ssize_t>(branches)});
+        r.out = out.mutable_data();
+        r.width = width;
+        r.out_len = lens.mutable_data();
+        {
+          std::shared_lock<std::shared_mutex> lock;
+          py::gil_scoped_release nogil;
+          if (table) lock = std::shared_lock<std::shared_mutex>(table->mutex());
+          SuffixTree* const* ptrs = table ? table->data() : listed.data();
+          const size_t count = table ? table->slots() : listed.size();
+          ns = branch_drafts(ptrs, count, r);
+        }
+        return py::make_tuple(out, lens, ns);
+      },
+      py::arg("trees"), py::arg("tree_idx"), py::arg("contexts"), py::arg("context_len"),
+      py::arg("exclude"), py::arg("max_tokens"), py::arg("min_prob"), py::arg("branches"),
+      "The lookahead's hypotheses for many rows in one call without the GIL: row ``i`` "
+      "(``trees[tree_idx[i]]``; a negative index or ``max_tokens[i] < 0`` skips it) gets "
+      "the ``branches`` most frequent continuations of its context's longest suffix that "
+      "continues with a token other than ``exclude[i]`` (< 0: any), each followed by its "
+      "draft of at most ``max_tokens[i]`` tokens at ``min_prob[i]`` (cumulative after the "
+      "branch).  Returns ``(out, lens, ns)``: ``out[i, j, 0]`` is branch ``j``, "
+      "``out[i, j, 1:lens[i, j]]`` its draft, ``lens[i, j] == 0`` where there is none.");
+
+  m.def(
       "draft_lists",
       [](py::object drafts, py::object lengths) {
         py::array keep[2];

@@ -341,6 +341,31 @@ def test_lookahead_drafts_from_the_guessed_outcome_without_waiting():
         assert [f.fed for f in p._in_flight] == [False, False]
 
 
+def test_lookahead_hypotheses_cover_a_partial_acceptance():
+    """Two stored rollouts share (11, 12) and then part (13 … and 60 …).  A row drafts
+    along the first; the model accepts 12, rejects 13 and samples 60.  Among the
+    hypotheses of that step's outcome was "one draft accepted, then another next token
+    than the rejected 13", with the second rollout's 60, so the device picks the drafts
+    made on it: the next step verifies the second rollout's continuation, the drafts
+    synchronous scheduling makes once it knows the outcome, and the model accepts all of
+    them."""
+    first = list(range(11, 40)) + [EOS]
+    second = [11, 12] + list(range(60, 90)) + [EOS]
+    p, runner = _proposer(batch_cap="linear"), AsyncRunner()
+    p.prebuild("P", [first, second], PROMPT)
+    runner.add("a", _request({"problem_id": "P", "policy": "fixed"}, max_tokens=40))
+    runner.step(p, {"a": [11]})
+    pos = {"a": 1}
+    verified, _ = runner.step(p, _follow(second, pos))
+    assert verified["a"] == first[1:9]                   # 12, 13, …: along the first
+    assert pos["a"] == 3                                 # sampled 12, 60
+    verified, _ = runner.step(p, _follow(second, pos))
+    assert verified["a"] == second[3:11]                 # 61 … 68: all accepted
+    assert pos["a"] == 12
+    looked = p.stats()["lookahead"]          # both drafting steps chose a hypothesis
+    assert looked["matched"] == looked["rows"] >= 2
+
+
 def test_a_wrong_guess_costs_one_step_of_drafts():
     """Where the model's tokens are not the lookahead's guess, the next step's drafts
     were made on the wrong guess: the model rejects them (its tokens are its own).  Once

@@ -7,8 +7,9 @@ step-cost curve.
 - :mod:`.store`: one tree per problem, a sliding window of rollouts, a global token cap;
 - :mod:`.drafter`: :class:`~.drafter.DASProposer`, vLLM's ``custom_class`` proposer, and
   its parts: :mod:`.requests` (admission, counts, sealing), :mod:`.budgeting` (budgets and
-  the batch cap), :mod:`.async_drafts` (drafting under async scheduling, the lookahead),
-  their state in :mod:`.state`;
+  the batch cap), :mod:`.async_drafts` (drafting under async scheduling, the lookahead,
+  with :mod:`.hypotheses`: the drafts for each outcome of the step in flight), their
+  state in :mod:`.state`;
 - :mod:`.slots`: the drafter's running requests as numpy columns (one batched step);
 - :mod:`.budget`: length classes (Sec. 4.2.3) and the budget model (Eq. 3-7);
 - :mod:`.caps`: where drafting pays by batch size (Sec. 4.2.1, the step-cost model);

@@ -16,16 +16,20 @@ drafter around each step:
 
 **The lookahead** (``DASConfig.lookahead``, default): nothing waits for step n.  A row's
 context for step n + 1's draft is its window up to step n − 1, then the drafts it
-verifies in step n, then one guessed token: the row is assumed to accept every draft and
-its bonus token to be the tree's own continuation (one tree call drafts the guess and the
-draft after it, :meth:`AsyncDrafts._plan`).  Speculative verification by rejection
-sampling is lossless for any proposal (vLLM's rejection sampler; the field's zero-bubble
-speculative decoding, vllm#32951, prepares step n + 1 on the same assumption of full
-acceptance): a draft built on a wrong guess is rejected, not wrong.  When step n − 1 is
-taken in, each row's guess for it is checked (:attr:`_InFlight.assumed`); drafts made on
-a wrong guess are known to be unsound and the next draft assumes they were rejected, so
-a wrong guess costs one step's drafts, never more.  vLLM then prepares step n + 1 under
-step n's forward pass, as for a step without drafts: no host time on the step's path.
+verifies in step n, then step n's outcome, which is not known yet: the drafter drafts
+for each hypothesis of it (:mod:`.hypotheses`: none, one or every draft accepted, each
+with the tree's most frequent next tokens, one C++ call, :meth:`AsyncDrafts._branches`), and
+the device takes the one step n's sampled tokens bear out
+(:func:`.hypotheses.select_on_device`), queued behind step n's sampling.  Speculative
+verification by rejection sampling is lossless for any proposal (vLLM's rejection
+sampler; the field's zero-bubble speculative decoding, vllm#32951, prepares step n + 1
+on the assumption of full acceptance, the last of these hypotheses): where no hypothesis
+matches, the row verifies a draft made on a wrong context, which is rejected, not
+wrong.  When step n is taken in, the host finds the hypothesis the device took
+(:attr:`_InFlight.matched`, the same rule); the drafts of step n + 1 of a row that
+matched none are known to be unsound and the next draft assumes they were rejected, so
+a miss costs one step's drafts, never more.  vLLM then prepares step n + 1 under step
+n's forward pass, as for a step without drafts: no host time on the step's path.
 
 Without the lookahead a drafting step waits for step n's ids and drafts from them (the
 drafts synchronous scheduling gives, one step later); that wait, the drafting after it
@@ -47,8 +51,10 @@ from typing import Any
 import numpy as np
 
 from vllm_rl.cost.host import WORKER as HOST     # the drafter's host time, for the trace
+from vllm_rl.das import hypotheses
 from vllm_rl.das.context import ContextWindows
 from vllm_rl.das.state import StepRows
+from vllm_rl.das.tree import BatchDrafts
 
 PATH_ATTR = "_vllm_rl_path_from"   # runner: a drafting step's path, vLLM's part from here
 PREP_ATTR = "_vllm_rl_prep_ns"     # runner: that part, measured (patches/model_runner/das_async.py)
@@ -74,6 +80,8 @@ class AsyncDrafts:
         self._wait_ns = 0                           # waited for the device, this step
         self._waited_at = 0                         # when the wait for the last ids ended
         self._path_ns: int | None = None            # the last drafting step's path so far
+        # the lookahead's rows taken in with hypotheses, and those that bore one out
+        self.lookahead_totals = {"rows": 0, "matched": 0}
 
     @property
     def drafting(self) -> bool:
@@ -108,7 +116,7 @@ class AsyncDrafts:
         last = sampled.gather(1, (counts.long() - 1).clamp_(min=0).unsqueeze(1))
         runner._copy_valid_sampled_token_count(last.squeeze(1).to(torch.int32), counts)
         host, event = _to_host(sampled)
-        self._sampled = _InFlight(sampled=host, event=event, discard=discard)
+        self._sampled = _InFlight(sampled=host, event=event, discard=discard, device=sampled)
         HOST.drafter_ns += time.perf_counter_ns() - t0
 
     def _begin_async(self, runner):
@@ -166,8 +174,9 @@ class AsyncDrafts:
             f = self._last
             plan = None if f is None else self._plan(f, verifying, draft)
             ready = self._tree_call(feeds, plan)
+            hyp = None
             if ready is not None:
-                ready = self._take_guess(f, plan, ready)
+                ready, hyp = self._take_guess(f, plan, ready)
             if feeds:
                 # the steps just taken in may still be fed on the feeder thread (every one
                 # of them), the steps in flight are not taken in yet: their requests are
@@ -189,8 +198,14 @@ class AsyncDrafts:
                     cut[rid] = len(toks)
             self._drafted = counts
             if ready is not None:
-                _upload(runner, ready.drafts, len(rows), self.k_max, f.sched)
-                self._verifying = (rows, ready.drafts, counts)
+                if hyp is None:
+                    drafts = _device(runner, _padded(ready.drafts, len(rows), self.k_max))
+                else:       # the hypothesis step n bears out, chosen on the device
+                    drafts = hypotheses.select_on_device(
+                        f.device, tuple(_device(runner, x) for x in
+                                        (hyp.lengths, hyp.tokens, hyp.drafts, hyp.fallback)))
+                _upload(runner, drafts, self.k_max, f.sched)
+                self._verifying = (rows, ready.drafts if hyp is None else hyp.drafts, counts, f)
             if not cut:
                 return scheduler_output, {}, counts
             return _trimmed(scheduler_output, counts, cut), cut, counts
@@ -248,9 +263,13 @@ class AsyncDrafts:
         try:
             step = self._rows(f.owners, None, f.req_ids, tokens, offsets, None, memo=f)
             S, win = self.slots, self._windows
-            if f.assumed is not None:       # did the step come out as its lookahead guessed?
+            if f.hyps is not None:     # which of the lookahead's hypotheses the step bore out
                 rows = np.flatnonzero(step.slots >= 0)
-                S.guess_ok[step.slots[rows]] = _as_assumed(arr, lens, f.assumed)[rows]
+                f.matched = hypotheses.match(arr, lens, f.hyps)
+                S.guess_ok[step.slots[rows]] = f.matched[rows] >= 0
+                t = self.lookahead_totals
+                t["rows"] += int((f.hyps.lengths > 0).any(axis=1).sum())
+                t["matched"] += int((f.matched >= 0).sum())
             step.ntok = f.n_prompt + lens + np.where(step.slots >= 0, S.generated[step.safe], 0)
             win.append(np.where(S.done[step.safe], -1, step.slots), tokens, offsets)
             self._ingest(step, f.drafted)
@@ -265,14 +284,12 @@ class AsyncDrafts:
         ``f`` taken in (:attr:`_InFlight.fed`): the contexts are known.  Not yet (the
         lookahead, ``DASConfig.lookahead``): ``f`` is still on the device, and each
         row's context is its window (up to the step before ``f``) followed by the drafts
-        ``f`` verifies (``verifying``) and one guessed token: the row is assumed to
-        accept every draft, and its bonus token to be the tree's own continuation.  The
-        tree call drafts ``1 +`` the length and the guess is cut off
-        (:meth:`_take_guess`).  A wrong guess gives drafts that vLLM's rejection sampler
-        rejects: compute spent, never a token changed.  Drafts made on a guess that turned
-        out wrong (known once the step before ``f`` is taken in) are assumed rejected,
-        so one wrong guess costs one step's drafts.  Returns the :class:`_Plan` (None
-        without ``draft``: lengths decided only)."""
+        ``f`` verifies (``verifying``, as the device chose them) and ``f``'s outcome,
+        one draft per hypothesis of it (:meth:`_branches`).  A row whose drafts in
+        ``f`` were made on an outcome of the step before that did not come true (known
+        once that step is taken in) is assumed to have them rejected: its hypotheses
+        are its next token only.  Returns the :class:`_Plan` (None without ``draft``:
+        lengths decided only)."""
         n = len(f.req_ids)
         empty = np.zeros(0, dtype=np.int32)
         step = self._rows(f.owners, None, f.req_ids, empty, np.zeros(n + 1, np.int64), None,
@@ -296,8 +313,6 @@ class AsyncDrafts:
         if not draft:
             return None
         contexts, context_len = self._windows.view(step.slots)
-        if extra and k.any():
-            contexts, context_len = _extended(contexts, context_len, d, k)
         return _Plan(step, contexts, context_len, phase, extra, k, d)
 
     def _tree_call(self, feeds: list[StepRows], plan) -> Any:
@@ -326,7 +341,11 @@ class AsyncDrafts:
             if st.feed.any():
                 parts.append((seqs, st.tokens, st.offsets, st.feed))
         res = None
-        if plan is not None:
+        if plan is not None and plan.extra:            # the lookahead: its hypotheses
+            if parts:
+                self._call(parts, None)
+            res = self._branches(plan)
+        elif plan is not None:
             step = plan.step
             seqs = np.where(step.slots >= 0, S.seq[step.safe], -1)
             want = np.where(step.max_tokens > 0, step.max_tokens + plan.extra, 0)
@@ -376,23 +395,35 @@ class AsyncDrafts:
         self.host_ns["draft"] += res.draft_ns
         return res._replace(drafts=res.drafts[m:], lengths=res.lengths[m:])
 
+    def _branches(self, plan: "_Plan") -> hypotheses.Hypotheses:
+        """The lookahead's hypotheses for the drafting rows of ``plan`` (one C++ call,
+        :func:`vllm_rl.das.tree.branch_drafts`): per row and count a of its drafts in
+        the step on the device accepted (none, one, all), the ``DASConfig.branches``
+        most frequent next tokens in its tree other than the rejected draft, each with
+        its draft."""
+        step, S = plan.step, self.slots
+        rows = np.flatnonzero(step.max_tokens > 0)
+        row, a, ctx, ctx_len, exclude = hypotheses.contexts(
+            plan.contexts, plan.context_len, plan.d, plan.k, rows)
+        seqs = np.where(step.slots >= 0, S.seq[step.safe], -1)[row]
+        out, lens, ns = self.store.branch_drafts(
+            seqs, ctx, ctx_len, exclude, step.max_tokens[row].astype(np.int32),
+            S.min_prob[step.safe][row], self.cfg.branches)
+        self.host_ns["draft"] += ns
+        return hypotheses.assemble(step.n, self.k_max, row, a, plan.d, out, lens)
+
     def _take_guess(self, f: "_InFlight", plan: "_Plan", res):
-        """The lookahead's drafts: the first token of each tree draft is the guessed
-        bonus token of ``f``; with the drafts ``f`` verifies it is what ``f`` is assumed
-        to sample (:attr:`_InFlight.assumed`, checked when ``f`` is taken in), the rest
-        are the drafts.  The phase cap's cut last."""
+        """The drafts of the step being prepared and, under the lookahead, the
+        hypotheses they were made on (``res``; kept on ``f``, whose outcome they guess,
+        checked when ``f`` is taken in): each row verifies its longest hypothesis's
+        length.  The phase cap's cut last.  Returns (drafts, hypotheses or None)."""
+        hyp = None
         if plan.extra:
-            n = len(f.req_ids)
-            lens = np.where(res.lengths > 0, plan.k + 1, 0)
-            toks = np.zeros((n, self.k_max + 1), dtype=np.int32)
-            toks[:, :self.k_max] = plan.d
-            guess = res.drafts[:, 0] if res.drafts.shape[1] else np.zeros(n, np.int32)
-            toks[np.arange(n), np.minimum(plan.k, self.k_max)] = guess
-            f.assumed = (lens, toks)
-            res = _after_guess(res, plan.extra)
+            hyp = f.hyps = res.without(f.discard)
+            res = BatchDrafts(hyp.fallback_drafts(), hyp.draft_len, 0, 0)
         if plan.phase is not None:
             self._phase_cut(plan.phase, res.lengths)
-        return res
+        return res, hyp
 
 
 @dataclass
@@ -409,7 +440,9 @@ class _InFlight:
     sched: Any = None            # the step's scheduler output (as the worker ran it)
     drafted: Any = None          # draft tokens each row was verified on in the step
     fed: bool = False            # its tokens were taken in
-    assumed: Any = None          # lookahead: (lengths, tokens) each row is assumed to get
+    device: Any = None           # its sampled ids on the device
+    hyps: Any = None             # lookahead: the hypotheses of its outcome (.hypotheses)
+    matched: Any = None          # per row, the hypothesis it bore out (-1: none), once fed
     row_slots: Any = None        # its rows' slots as first mapped (RequestBook._rows)
     row_epochs: Any = None       # and those slots' epochs then
 
@@ -423,8 +456,8 @@ class _InFlight:
 class _Plan:
     """The drafts to make for the rows of the last step (:meth:`DASProposer._plan`):
     lengths in ``step.max_tokens``, contexts, the phase cap's cut, and under the
-    lookahead (``extra`` = 1 guessed token) the drafts ``d`` each row verifies in that
-    step, ``k`` of them assumed accepted."""
+    lookahead (``extra`` = 1: that step's outcome is hypothesised) the drafts ``d`` each
+    row verifies in that step, ``k`` of them sound."""
 
     step: StepRows
     contexts: np.ndarray
@@ -448,18 +481,29 @@ def _to_host(t):
     return host, event
 
 
-def _upload(runner, drafts: np.ndarray, n: int, k_max: int, sched) -> None:
-    """Put the drafts where vLLM's async path scatters them into the step's input ids
-    (``_draft_token_ids``, rows of the previous step, ``prev_num_spec_tokens`` wide)."""
-    import torch
-
+def _padded(drafts: np.ndarray, n: int, k_max: int) -> np.ndarray:
+    """``drafts`` as ``[n, k_max]`` int32 (zero padded)."""
     out = np.zeros((n, k_max), dtype=np.int32)
     w = min(k_max, drafts.shape[1]) if drafts.ndim == 2 else 0
     if w:
         out[:, :w] = drafts[:n, :w]
-    t = torch.from_numpy(out)
+    return out
+
+
+def _device(runner, arr: np.ndarray):
+    """``arr`` on the runner's device (a non-blocking copy from pinned memory)."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(arr))
     if runner.device.type != "cpu":
         t = t.pin_memory().to(runner.device, non_blocking=True)
+    return t
+
+
+def _upload(runner, t, k_max: int, sched) -> None:
+    """Put the drafts (``[rows, k_max]`` int32 on the device) where vLLM's async path
+    scatters them into the step's input ids (``_draft_token_ids``, rows of the previous
+    step, ``prev_num_spec_tokens`` wide)."""
     runner._draft_token_ids = t
     runner.prev_num_spec_tokens = k_max
     if runner._draft_token_req_ids is not None:      # penalties read the drafts on the host
@@ -469,14 +513,20 @@ def _upload(runner, drafts: np.ndarray, n: int, k_max: int, sched) -> None:
 def _verified_drafts(verifying, req_ids, k_max: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``req_ids``: how many drafts it verifies in the step on the device,
     and those drafts (``[rows, k_max]``), from what :meth:`DASProposer.before_step`
-    uploaded for that step (``(rows, drafts, counts)``; None: no drafts)."""
+    uploaded for that step (``(rows, drafts, counts, step before)``; None: no drafts).
+    Hypotheses' drafts (``[rows, H, k_max]``) are the ones the step before bore out
+    (:attr:`_InFlight.matched`); a row that bore out none verifies no sound draft."""
     n = len(req_ids)
     d = np.zeros((n, k_max), dtype=np.int32)
     if verifying is None:
         return np.zeros(n, dtype=np.int64), d
-    rows, drafts, counts = verifying
+    rows, drafts, counts, before = verifying
     k = np.fromiter(map(counts.get, req_ids, repeat(0)), dtype=np.int64, count=n)
     idx = np.fromiter(map(rows.get, req_ids, repeat(-1)), dtype=np.int64, count=n)
+    if drafts.ndim == 3:
+        m = before.matched if before.matched is not None else np.full(len(drafts), -1)
+        k = np.where(m[np.maximum(idx, 0)] >= 0, k, 0)
+        drafts = drafts[np.arange(len(drafts)), np.maximum(m, 0)]
     ok = np.flatnonzero((idx >= 0) & (k > 0))
     w = min(k_max, drafts.shape[1]) if drafts.ndim == 2 else 0
     if len(ok) and w:
@@ -484,32 +534,7 @@ def _verified_drafts(verifying, req_ids, k_max: int) -> tuple[np.ndarray, np.nda
     return np.minimum(k, w), d
 
 
-def _extended(contexts: np.ndarray, context_len: np.ndarray, d: np.ndarray,
-              k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's context followed by its first ``k[i]`` tokens of ``d``."""
-    n, width = contexts.shape
-    out = np.zeros((n, width + d.shape[1]), dtype=np.int32)
-    out[:, :width] = contexts
-    rows, j = np.nonzero(np.arange(d.shape[1]) < k[:, None])
-    out[rows, context_len[rows] + j] = d[rows, j]
-    return out, (context_len + k).astype(np.int32)
 
-
-def _as_assumed(arr: np.ndarray, lens: np.ndarray, assumed) -> np.ndarray:
-    """Per row: its sampled ids (``arr``, -1 padded, ``lens`` valid) are exactly the
-    ``assumed`` (lengths, tokens); a row with nothing assumed is not."""
-    a_len, a_tok = assumed
-    w = min(arr.shape[1], a_tok.shape[1])
-    j = np.arange(w)
-    same = (arr[:, :w] == a_tok[:, :w]) | (j >= a_len[:, None])
-    return (a_len > 0) & (lens == a_len) & same.all(axis=1)
-
-
-def _after_guess(res, extra: int):
-    """Drafts of ``extra`` + L tokens whose first ``extra`` are a guessed outcome: the
-    L after it (none where the tree had no more)."""
-    return res._replace(drafts=np.ascontiguousarray(res.drafts[:, extra:]),
-                        lengths=np.maximum(res.lengths - extra, 0).astype(res.lengths.dtype))
 
 
 def _trimmed(sched, counts: dict, cut: dict):

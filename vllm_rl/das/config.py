@@ -83,13 +83,17 @@ class DASConfig:
     (tensor and pipeline parallel size 1).
 
     ``lookahead`` (default on; async scheduling only): the drafts of step n + 1 are made
-    while step n runs, from the context up to step n - 1, step n's own drafts and a
-    guess of its outcome (every draft accepted, the bonus token the tree's own
-    continuation); nothing waits for step n's tokens, so vLLM prepares step n + 1's
-    inputs under step n's forward pass as it does without drafts.  A wrong guess costs
-    the verification of drafts that are rejected, never a token.  Off: a drafting step
-    waits for step n's tokens and drafts from them (synchronous scheduling's drafts),
-    and that wait and what follows it are host time on the step's path.
+    while step n runs, from the context up to step n - 1, step n's own drafts and
+    hypotheses of its outcome (:mod:`vllm_rl.das.hypotheses`: none, one or every draft
+    accepted, each with the ``branches`` most frequent next tokens in the tree, the
+    rejected draft token excluded); the device takes the hypothesis that step n's
+    sampled tokens bear out, so nothing waits for them and vLLM prepares step n + 1's
+    inputs under step n's forward pass as it does without drafts.  An outcome outside
+    the hypotheses costs the verification of drafts that are rejected, never a token.
+    ``branches=1`` is one next token per count (the default 2 was chosen on one 16 × 8
+    rollout step: ``docs/benchmarks.md``, "DAS's lookahead").  Off: a drafting step waits for step
+    n's tokens and drafts from them (synchronous scheduling's drafts), and that wait and
+    what follows it are host time on the step's path.
     """
 
     budget: int = 4
@@ -110,8 +114,11 @@ class DASConfig:
     background_feed: bool = True
     async_scheduling: bool = True
     lookahead: bool = True
+    branches: int = 2
 
     def __post_init__(self) -> None:
+        if not 1 <= self.branches <= 16:
+            raise ValueError(f"DASConfig.branches={self.branches}: allowed int in [1, 16]")
         if not 1 <= self.budget <= MAX_DRAFT // 2:
             raise ValueError(f"DASConfig.budget={self.budget}: allowed int in [1, {MAX_DRAFT // 2}]")
         if self.window < 1 or self.max_stored_tokens < 1:

@@ -33,7 +33,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from vllm_rl.das.tree import BatchDrafts, SuffixTree, TreeTable, feed_and_draft
+from vllm_rl.das.tree import BatchDrafts, SuffixTree, TreeTable, branch_drafts, feed_and_draft
 
 
 @dataclass
@@ -165,6 +165,19 @@ class ProblemTrees:
             self.stored_tokens += int(counts.sum())
         return feed_and_draft(self.table, tree_idx, seqs, tokens, offsets, feed, contexts,
                               context_len, max_tokens, min_prob, backoff)
+
+    def branch_drafts(self, seqs: np.ndarray, contexts: np.ndarray, context_len: np.ndarray,
+                      exclude: np.ndarray, max_tokens: np.ndarray, min_prob: np.ndarray,
+                      branches: int):
+        """The lookahead's hypotheses (:func:`vllm_rl.das.tree.branch_drafts`) for rows
+        drafting from the trees of their rollouts ``seqs`` (int64; -1 or unknown: no
+        branches)."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        tree_idx = np.full(len(seqs), -1, dtype=np.int32)
+        known = (seqs >= 0) & (seqs < self._next_seq)
+        tree_idx[known] = self._tree_of[seqs[known]]
+        return branch_drafts(self.table, tree_idx, contexts, context_len, exclude,
+                             max_tokens, min_prob, branches)
 
     def lengths(self, problem_id: str) -> list[int]:
         p = self.problems.get(problem_id)

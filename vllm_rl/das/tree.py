@@ -120,5 +120,21 @@ def feed_and_draft(trees, tree_idx, seq_ids, tokens, offsets, feed, contexts, co
                                           backoff))
 
 
+def branch_drafts(trees, tree_idx, contexts, context_len, exclude, max_tokens, min_prob,
+                  branches: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The lookahead's hypotheses for many rows in one C++ call without the GIL
+    (:mod:`vllm_rl.das.hypotheses`): row ``i`` (``trees[tree_idx[i]]``; a negative index
+    or ``max_tokens[i] < 0`` skips it) gets the ``branches`` most frequent continuations
+    of ``contexts[i, :context_len[i]]``'s longest suffix that continues with a token
+    other than ``exclude[i]`` (< 0: any), each followed by its draft of at most
+    ``max_tokens[i]`` tokens at ``min_prob[i]`` (cumulative after the branch), ties to
+    the smaller token as ``tree.draft``.  Returns ``(out, lens, ns)``: ``out[i, j, 0]``
+    is branch ``j``, ``out[i, j, 1:lens[i, j]]`` its draft (``lens[i, j] == 0``: no
+    such branch), ``ns`` the call's CPU time.  Exact dtypes as :func:`feed_and_draft`
+    (int32 ``exclude``)."""
+    return _C.branch_drafts(trees, tree_idx, contexts, context_len, exclude, max_tokens,
+                            min_prob, branches)
+
+
 __all__ = ["SuffixTree", "Draft", "UnknownSequenceError", "draft_many", "TreeTable",
-           "BatchDrafts", "feed_and_draft", "draft_lists"]
+           "BatchDrafts", "branch_drafts", "feed_and_draft", "draft_lists"]
