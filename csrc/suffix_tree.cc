@@ -551,6 +551,29 @@ uint32_t SuffixTree::longest_suffix(const Token* context, size_t n, uint32_t cap
   return lo;
 }
 
+// Every suffix shorter than the present m-suffix is present; the longest whose locus is
+// `ok` (monotone in the length, as continuing is), by bisection; 0 at the root if none.
+template <class Ok>
+uint32_t SuffixTree::back_off(const Token* context, size_t n, uint32_t m, Ok ok,
+                              Locus* at) const {
+  const Token* back = context + n;
+  uint32_t lo = 0, hi = m;
+  Locus best{&root_, 0};
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    Locus got;
+    if (walk(back - mid, mid, &got) != mid) corrupted("suffix of a match not found");
+    if (ok(got)) {
+      lo = mid;
+      best = got;
+    } else {
+      hi = mid;
+    }
+  }
+  *at = best;
+  return lo;
+}
+
 int SuffixTree::draft_into(const Token* context, size_t n, int max_tokens, double min_prob,
                            bool backoff, Token* out, double* probs, int* match_len,
                            int64_t* match_count) const {
@@ -562,25 +585,7 @@ int SuffixTree::draft_into(const Token* context, size_t n, int max_tokens, doubl
   const uint32_t cap = static_cast<uint32_t>(std::max(max_depth_ - static_cast<int>(b), 1));
   Locus at;
   uint32_t m = longest_suffix(context, n, cap, &at);
-  if (backoff && m > 0 && !continues(at)) {
-    // Every suffix shorter than m is present; find the longest that continues.
-    const Token* back = context + n;
-    uint32_t lo = 0, hi = m;
-    Locus best{&root_, 0};
-    while (hi - lo > 1) {
-      const uint32_t mid = lo + (hi - lo) / 2;
-      Locus got;
-      if (walk(back - mid, mid, &got) != mid) corrupted("suffix of a match not found");
-      if (continues(got)) {
-        lo = mid;
-        best = got;
-      } else {
-        hi = mid;
-      }
-    }
-    m = lo;
-    at = best;
-  }
+  if (backoff && m > 0 && !continues(at)) m = back_off(context, n, m, continues, &at);
   return draft_from(at, m, b, min_prob, out, probs, match_len, match_count);
 }
 
@@ -634,24 +639,7 @@ int SuffixTree::branch_into(const Token* context, size_t n, Token exclude, int b
   };
   Locus at;
   uint32_t m = longest_suffix(context, n, cap, &at);
-  if (m > 0 && !other(at)) {
-    const Token* back = context + n;
-    uint32_t lo = 0, hi = m;
-    Locus best{&root_, 0};
-    while (hi - lo > 1) {
-      const uint32_t mid = lo + (hi - lo) / 2;
-      Locus got;
-      if (walk(back - mid, mid, &got) != mid) corrupted("suffix of a match not found");
-      if (other(got)) {
-        lo = mid;
-        best = got;
-      } else {
-        hi = mid;
-      }
-    }
-    m = lo;
-    at = best;
-  }
+  if (m > 0 && !other(at)) m = back_off(context, n, m, other, &at);
   if (m == 0) return 0;
   // The candidates: the edge's next token, or the node's children by count (descending;
   // children ascend by token and a strict '>' keeps the smaller token first).

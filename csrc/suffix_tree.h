@@ -230,6 +230,10 @@ class SuffixTree {
   // max_depth are read.
   uint32_t walk(const Token* pat, uint32_t k, Locus* out) const;
   uint32_t longest_suffix(const Token* context, size_t n, uint32_t cap, Locus* out) const;
+  // The longest suffix shorter than m (all present) whose locus satisfies `ok`, a
+  // predicate monotone in the suffix length; its locus in *at (the root for 0).
+  template <class Ok>
+  uint32_t back_off(const Token* context, size_t n, uint32_t m, Ok ok, Locus* at) const;
   // Writes the draft to out[0, len) (and its cumulative probabilities to probs unless
   // null); out must hold min(max_tokens, max_depth) tokens.  Returns len.
   int draft_into(const Token* context, size_t n, int max_tokens, double min_prob, bool backoff,

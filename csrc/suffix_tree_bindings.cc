@@ -159,6 +159,27 @@ const T* array_of(const py::handle& obj, const char* name, py::ssize_t len,
   return static_cast<const T*>(a.data());
 }
 
+// The trees of a batched call: a TreeTable (the caller holds its lock while the batch
+// runs) or a list of trees (None: no tree), kept alive for the call.
+struct TreeList {
+  TreeTable* table = nullptr;
+  std::vector<py::object> held;
+  std::vector<SuffixTree*> listed;
+
+  explicit TreeList(const py::object& trees) {
+    if (py::isinstance<TreeTable>(trees)) {
+      table = py::cast<TreeTable*>(trees);
+      return;
+    }
+    for (py::handle t : py::reinterpret_borrow<py::iterable>(trees)) {
+      held.push_back(py::reinterpret_borrow<py::object>(t));
+      listed.push_back(t.is_none() ? nullptr : py::cast<SuffixTree*>(t));
+    }
+  }
+  SuffixTree* const* data() const { return table ? table->data() : listed.data(); }
+  size_t count() const { return table ? table->slots() : listed.size(); }
+};
+
 constexpr const char* kFeedAndDraftDoc = R"doc(
 One DAS drafter step for many rows in one call without the GIL (DAS Sec. 4.1.2: the
 per-problem trees grow online and are drafted from at every step).
@@ -375,18 +396,8 @@ void bind_suffix_tree(py::module_& m) {
         r.max_tokens = array_of<int32_t>(max_tokens, "max_tokens", n, &keep[7]);
         r.min_prob = array_of<double>(min_prob, "min_prob", n, &keep[8]);
         r.backoff = backoff;
-        // The trees: a table (its lock is held while the batch runs) or a list.
-        TreeTable* table = nullptr;
-        std::vector<py::object> held;
-        std::vector<SuffixTree*> listed;
-        if (py::isinstance<TreeTable>(trees)) {
-          table = py::cast<TreeTable*>(trees);
-        } else {
-          for (py::handle t : py::reinterpret_borrow<py::iterable>(trees)) {
-            held.push_back(py::reinterpret_borrow<py::object>(t));
-            listed.push_back(t.is_none() ? nullptr : py::cast<SuffixTree*>(t));
-          }
-        }
+        const TreeList list(trees);
+        TreeTable* const table = list.table;
         int32_t width = 0;
         for (py::ssize_t i = 0; i < n; ++i) width = std::max(width, r.max_tokens[i]);
         width = std::min(width, static_cast<int32_t>(SuffixTree::kMaxDepthLimit));
@@ -399,8 +410,8 @@ void bind_suffix_tree(py::module_& m) {
             py::gil_scoped_release nogil;
             lock = std::shared_lock<std::shared_mutex>(table->mutex());
           }
-          SuffixTree* const* ptrs = table ? table->data() : listed.data();
-          const size_t count = table ? table->slots() : listed.size();
+          SuffixTree* const* ptrs = list.data();
+          const size_t count = list.count();
           int32_t depth = 0;  // the output never needs more than the deepest tree used
           for (py::ssize_t i = 0; i < n; ++i)
             if (r.tree[i] >= 0 && static_cast<size_t>(r.tree[i]) < count && ptrs[r.tree[i]])
@@ -437,17 +448,8 @@ void bind_suffix_tree(py::module_& m) {
         r.min_prob = array_of<double>(min_prob, "min_prob", n, &keep[5]);
         if (branches < 1 || branches > 16) throw py::value_error("branches must be in [1, 16]");
         r.branches = branches;
-        TreeTable* table = nullptr;
-        std::vector<py::object> held;
-        std::vector<SuffixTree*> listed;
-        if (py::isinstance<TreeTable>(trees)) {
-          table = py::cast<TreeTable*>(trees);
-        } else {
-          for (py::handle t : py::reinterpret_borrow<py::iterable>(trees)) {
-            held.push_back(py::reinterpret_borrow<py::object>(t));
-            listed.push_back(t.is_none() ? nullptr : py::cast<SuffixTree*>(t));
-          }
-        }
+        const TreeList list(trees);
+        TreeTable* const table = list.table;
         int32_t width = 0;
         for (py::ssize_t i = 0; i < n; ++i) width = std::max(width, r.max_tokens[i]);
         width = 1 + std::min(width, static_cast<int32_t>(SuffixTree::kMaxDepthLimit));
@@ -462,8 +464,8 @@ void bind_suffix_tree(py::module_& m) {
           std::shared_lock<std::shared_mutex> lock;
           py::gil_scoped_release nogil;
           if (table) lock = std::shared_lock<std::shared_mutex>(table->mutex());
-          SuffixTree* const* ptrs = table ? table->data() : listed.data();
-          const size_t count = table ? table->slots() : listed.size();
+          SuffixTree* const* ptrs = list.data();
+          const size_t count = list.count();
           ns = branch_drafts(ptrs, count, r);
         }
         return py::make_tuple(out, lens, ns);
