@@ -154,9 +154,7 @@ class ProblemTrees:
         that feed must be distinct.  Sizes are accounted in bulk; Python work is per
         step, not per row."""
         seqs = np.asarray(seqs, dtype=np.int64)
-        tree_idx = np.full(len(seqs), -1, dtype=np.int32)
-        known = (seqs >= 0) & (seqs < self._next_seq)
-        tree_idx[known] = self._tree_of[seqs[known]]
+        tree_idx = self._tree_index(seqs)
         feeding = (tree_idx >= 0) & (feed > 0)
         fed = seqs[feeding]
         if len(fed):
@@ -172,12 +170,15 @@ class ProblemTrees:
         """The lookahead's hypotheses (:func:`vllm_rl.das.tree.branch_drafts`) for rows
         drafting from the trees of their rollouts ``seqs`` (int64; -1 or unknown: no
         branches)."""
-        seqs = np.asarray(seqs, dtype=np.int64)
+        return branch_drafts(self.table, self._tree_index(np.asarray(seqs, dtype=np.int64)),
+                             contexts, context_len, exclude, max_tokens, min_prob, branches)
+
+    def _tree_index(self, seqs: np.ndarray) -> np.ndarray:
+        """Each rollout's tree in the table (int32; -1: none, or an unknown id)."""
         tree_idx = np.full(len(seqs), -1, dtype=np.int32)
         known = (seqs >= 0) & (seqs < self._next_seq)
         tree_idx[known] = self._tree_of[seqs[known]]
-        return branch_drafts(self.table, tree_idx, contexts, context_len, exclude,
-                             max_tokens, min_prob, branches)
+        return tree_idx
 
     def lengths(self, problem_id: str) -> list[int]:
         p = self.problems.get(problem_id)
