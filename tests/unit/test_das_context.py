@@ -9,11 +9,16 @@ from vllm_rl.das.tree import SuffixTree
 
 def _steps(rng, n_slots, depth, max_new, steps):
     win = ContextWindows(depth, max_new, capacity=2)        # grows
-    full = {}
+    full, prompts = {}, []
+    shared = [rng.integers(0, 50, rng.integers(0, 3 * depth)).tolist()
+              for _ in range(n_slots // 2 + 1)]
     for s in range(n_slots):
-        prompt = rng.integers(0, 50, rng.integers(0, 3 * depth)).tolist()
-        win.start(s, prompt)
-        full[s] = list(prompt)
+        # two samples share one prompt list, the second reading a shorter prefix of it
+        prompt = shared[s // 2]
+        n = len(prompt) - (s % 2) * min(len(prompt), 3)
+        prompts.append((prompt, n))
+        full[s] = prompt[:n]
+    win.start_many(np.arange(n_slots)[::-1].copy(), prompts[::-1])
     for step in range(steps):
         slots = rng.permutation(n_slots + 2) - 2             # rows without a slot: -1, -2
         slots = np.where(slots < 0, -1, slots)

@@ -127,6 +127,65 @@ def test_a_reused_request_id_starts_a_new_rollout():
     assert list(p.store.sequences("Q")) == [PROMPT + [8]]
 
 
+def _admitted(p):
+    """What the drafter holds for each request it admitted: its state (slot and sequence
+    aside, which depend on the order of admissions), its columns, its rollout."""
+    from dataclasses import asdict
+
+    S, out = p.slots, {}
+    for rid, st in p.requests.items():
+        if st is None:
+            out[rid] = None
+            continue
+        state = {k: v for k, v in asdict(st).items() if k not in ("slot", "seq", "slots")}
+        cols = {name: getattr(S, name)[st.slot].item()
+                for name in ("max_tokens", "budget", "generated", "class_budget", "policy",
+                             "rank", "min_prob", "force", "hold", "done")}
+        rollout = [p.store.problems[st.problem].tree.sequence(st.seq)]
+        out[rid] = (state, cols, rollout, st.length_class)
+    return out
+
+
+def test_a_steps_admissions_are_one_batch_equal_to_one_per_step():
+    """A step's admissions are written at once (:meth:`RequestBook._admit`): the same
+    states, columns, rollouts and stop ids as admitting them one step at a time; a
+    reused id among them seals its old request first (its rollout stays in the tree)."""
+    reqs = [("a", _request({"problem_id": "P"})),
+            ("b", _request({"problem_id": "P", "budget": 1, "policy": "class"})),
+            ("plain", _request()),
+            ("c", _request({"problem_id": "Q", "force": True}, max_tokens=9)),
+            ("d", _request({})),                            # its prompt names its problem
+            ("r", _request({"problem_id": "P", "min_prob": 0.3}))]
+    reqs[3][1].sampling_params.all_stop_token_ids = {EOS, 42}
+    runs = []
+    for one_by_one in (True, False):
+        p, runner = _proposer(), Runner()
+        p.prebuild("P", [[11, 12, EOS], [11, 13, 14, 15, EOS]], PROMPT)
+        runner.add("r", _request({"problem_id": "P"}))      # its id is reused below
+        runner.step(p, {"r": [5]})
+        sampled = {}
+        for rid, cached in reqs:
+            if rid == "r":              # a new request under the old one's id, same row
+                runner.requests[rid], runner.tokens[rid] = cached, list(PROMPT)
+            else:
+                runner.add(rid, cached)
+            sampled[rid] = [6]
+            if one_by_one:
+                runner.step(p, {k: [] for k in sampled})
+        assert len(p.requests) == (len(reqs) if one_by_one else 1)
+        if not one_by_one:
+            runner.step(p, {k: [] for k in sampled})
+        runner.step(p, sampled)
+        runs.append((_admitted(p), sorted(p._stop_ids.tolist()), p._forcing,
+                     sorted(map(tuple, p.store.sequences("P")))))
+    assert runs[0] == runs[1]
+    admitted, stops, forcing, rollouts = runs[1]
+    assert admitted["plain"] is None and stops == [EOS, 42] and forcing
+    assert admitted["c"][1]["force"] and admitted["r"][1]["min_prob"] == 0.3
+    assert admitted["b"][1]["budget"] == 1 and admitted["a"][2] == [PROMPT + [6]]
+    assert tuple(PROMPT + [5]) in rollouts                 # the old "r", sealed
+
+
 # ------------------------------------------------ batch_cap="phase" (the H100 table)
 
 

@@ -39,12 +39,24 @@ class ContextWindows:
         length[:cap] = self.length
         self.tokens, self.length = tokens, length
 
-    def start(self, slot: int, prompt_tail) -> None:
-        """A request admitted in ``slot``: its window is its prompt's last tokens."""
-        self._fit(slot)
-        tail = np.asarray(prompt_tail, dtype=np.int32)[-self.depth:]
-        self.tokens[slot, :len(tail)] = tail
-        self.length[slot] = len(tail)
+    def start_many(self, slots: np.ndarray, prompts: list[tuple[list, int]]) -> None:
+        """Requests admitted in ``slots``: each one's window is the tail of its
+        ``(prompt, length)``, ``prompt[:length]`` (samples of one prompt share its list:
+        the tail is read once)."""
+        if not len(slots):
+            return
+        self._fit(int(slots.max()))
+        rows: dict[tuple[int, int], tuple] = {}
+        for slot, (prompt, n) in zip(slots.tolist(), prompts):
+            seen = rows.get((id(prompt), n))
+            if seen is None:
+                tail = np.asarray(prompt[max(0, n - self.depth):n], dtype=np.int32)
+                seen = rows[id(prompt), n] = (prompt, tail, [])
+            seen[2].append(slot)
+        for _, tail, group in rows.values():
+            idx = np.asarray(group, dtype=np.int64)
+            self.tokens[idx, :len(tail)] = tail
+            self.length[idx] = len(tail)
 
     def append(self, slots: np.ndarray, tokens: np.ndarray, offsets: np.ndarray) -> None:
         """Row ``i`` (slot ``slots[i]``, ``-1``: none) got ``tokens[offsets[i]:offsets[i+1]]``

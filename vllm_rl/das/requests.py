@@ -13,9 +13,12 @@ left; its N_fwd, the most forward passes any of its requests took (Eq. 4), feeds
 T_short (Sec. 4.2.3).
 
 Python runs per request only at its admission, its natural end and its departure; the
-rest is array operations over the step's rows.  The admissions of one step share their
-reads (:class:`_Admissions`): a group's flags are read once per ``extra_args`` object and
-its problem's initial class (Init_r, Sec. 4.2.3) once per (problem, ``max_tokens``).
+rest is array operations over the step's rows.  The admissions of one step are one
+batch (:meth:`RequestBook._admit`): per request its own reads and state, then their
+slot columns, context windows and rollouts in the trees (one tree call) at once; they
+share their reads (:class:`_Admissions`): a group's flags and stop ids are read once
+per object and its problem's initial class (Init_r, Sec. 4.2.3) once per (problem,
+``max_tokens``, budget).
 """
 from __future__ import annotations
 
@@ -29,9 +32,9 @@ from vllm.logger import init_logger
 
 from vllm_rl.das import budget as policy
 from vllm_rl.das.config import default_problem_id
-from vllm_rl.das.slots import POLICY_CODES, FIXED
+from vllm_rl.das.slots import FIXED, POLICY_CODES, Slots
 from vllm_rl.das.state import RequestState, Round, StepRows
-from vllm_rl.flags import DasFlags, RLFlags, read_or_warn
+from vllm_rl.flags import RLFlags, read_or_warn
 
 logger = init_logger(__name__)
 
@@ -72,9 +75,9 @@ class RequestBook:
                 or not all(map(operator.is_, owners, key[1]))):
             known = np.fromiter(map(operator.is_, owners, map(self._owner.get, req_ids)),
                                 dtype=bool, count=n)
-            admissions = _Admissions()
-            for i in np.flatnonzero(~known).tolist():
-                self._state(req_ids[i], owners[i], batch, i, admissions)
+            new = np.flatnonzero(~known).tolist()
+            if new:
+                self._admit(req_ids, owners, batch, new)
             self._row_slots = np.fromiter(map(self._slot_of.get, req_ids, repeat(-1)),
                                           dtype=np.int64, count=n)
             self._rows_key = (list(req_ids), owners)
@@ -113,9 +116,9 @@ class RequestBook:
 
     def _feed(self, step: StepRows, active) -> np.ndarray:
         """Count each active row's new tokens (cut after a stop token: the tokens after it
-        are not the sample's) and seal the rollouts that ended naturally (fed here, one
-        by one: once per request).  The others are fed by the step's batched call
-        (``step.feed``).  Returns the rows that go on."""
+        are not the sample's) and seal the rollouts that ended naturally (their last
+        tokens fed here, in one tree call, then each sealed).  The others are fed by
+        the step's batched call (``step.feed``).  Returns the rows that go on."""
         rows = np.flatnonzero(active)
         if not len(rows):
             return rows
@@ -139,84 +142,119 @@ class RequestBook:
         S.steps[s] += 1
         ends = stopped[rows] | (S.generated[s] >= S.max_tokens[s]) | \
             (step.ntok[rows] >= self.max_model_len)
-        for i in rows[ends].tolist():
-            st = self._by_slot[int(step.slots[i])]
-            start = int(step.offsets[i])
-            self.store.extend(st.problem, st.seq,
-                              step.tokens[start:start + int(feed[i])].tolist())
-            feed[i] = 0
-            self._finish(st, natural=True)
+        ended = rows[ends]
+        if len(ended):          # their last tokens into their trees (one call), then sealed
+            n = feed[ended].astype(np.int64)
+            offsets = np.zeros(len(ended) + 1, dtype=np.int64)
+            np.cumsum(n, out=offsets[1:])
+            at = np.repeat(step.offsets[ended] - offsets[:-1], n) + np.arange(offsets[-1])
+            self.store.feed_and_draft(
+                S.seq[step.slots[ended]], step.tokens[at], offsets, feed[ended],
+                np.zeros((len(ended), 1), np.int32), np.zeros(len(ended), np.int32),
+                np.zeros(len(ended), np.int32), np.zeros(len(ended)))
+            feed[ended] = 0
+            for slot in step.slots[ended].tolist():
+                self._finish(self._by_slot[slot], natural=True)
         return rows[~ends]
 
-    def _state(self, rid: str, cached: Any, batch: Any, i: int,
-               memo: "_Admissions | None" = None) -> None:
-        """A request seen for the first time (or a new request under a reused id)."""
-        memo = memo if memo is not None else _Admissions()
-        if rid in self.requests:                 # the id was reused by a new request
+    def _admit(self, req_ids, owners, batch, rows: list[int]) -> None:
+        """The requests of ``rows`` seen for the first time, in row order.  A reused id
+        (a new request under an old one's id) first detaches or seals the old request;
+        its seal may slide its problem's window, so the admissions before it are
+        written first and the initial classes are read again after it."""
+        memo = _Admissions()
+        start = 0
+        for j, i in enumerate(rows):
+            rid = req_ids[i]
+            if rid not in self.requests:
+                continue
+            self._admit_rows(req_ids, owners, batch, rows[start:j], memo)
+            start = j
             if self._asynchronous:
                 self._detach(rid)
             else:
                 self._seal(rid)
-                memo.initial.clear()             # its seal may slide its problem's window
-        st = None
-        params = getattr(cached, "sampling_params", None)
-        flags = memo.flags(getattr(params, "extra_args", None), rid)
-        if flags is not None and flags.das is not None:
-            prior = flags.partial.prior_tokens if flags.partial is not None else 0
-            st = self._start(flags.das, params, cached, batch, i, prior, memo)
-            if flags.arrol is not None and self._asynchronous:
-                self.slots.hold[st.slot] = flags.arrol.l_detect
-            self._slot_of[rid] = st.slot
-            self._by_slot[st.slot] = st
-        self.requests[rid] = st
-        self._owner[rid] = cached
+                memo.initial.clear()
+        self._admit_rows(req_ids, owners, batch, rows[start:], memo)
 
-    def _start(self, flags: DasFlags, params, cached, batch, i, prior: int,
-               memo: "_Admissions") -> RequestState:
-        """A new rollout.  A continuation (partial rollouts) ends its prompt with its
-        ``prior`` tokens from earlier steps: its rollout in the tree, its length and its
-        length class are the whole sample's."""
+    def _admit_rows(self, req_ids, owners, batch, rows: list[int],
+                    memo: "_Admissions") -> None:
+        """New requests (none of them under a reused id): per request what is its own
+        (flags, read once per ``extra_args`` object; its problem, budget, stop ids and
+        :class:`RequestState`, :meth:`_start`), then the slot columns, context windows
+        and running stop ids of all of them at once."""
+        das = []
+        for i in rows:
+            rid, cached = req_ids[i], owners[i]
+            params = getattr(cached, "sampling_params", None)
+            flags = memo.flags(getattr(params, "extra_args", None), rid)
+            self._owner[rid] = cached
+            if flags is None or flags.das is None:
+                self.requests[rid] = None
+            else:
+                das.append((i, rid, cached, params, flags))
+        if not das:
+            return
+        self._wait_feed()                 # the feeder thread's call writes the trees too
+        S = self.slots
+        slots = S.take_many(len(das))
+        cols = _Columns(len(das))
+        problems, fed = [], []
+        for j, ((i, rid, cached, params, flags), slot) in enumerate(zip(das, slots.tolist())):
+            st, first = self._start(flags, params, cached, batch, i, slot, memo, cols, j)
+            problems.append(st.problem)
+            fed.append(first)
+            self.requests[rid] = st
+            self._slot_of[rid] = slot
+            self._by_slot[slot] = st
+        cols.seq[:] = self.store.start_many(problems, fed)
+        for st, seq in zip(map(self._by_slot.__getitem__, slots.tolist()), cols.seq.tolist()):
+            st.seq = seq
+        cols.write(S, slots)
+        if cols.force.any():
+            self._forcing = True
+        if self._asynchronous:
+            self._windows.start_many(slots, cols.tails)
+        self._running += len(das)
+        for ids, n in Counter(cols.stop_ids).items():
+            self._add_stops(ids, n)
+
+    def _start(self, flags: RLFlags, params, cached, batch, i: int, slot: int,
+               memo: "_Admissions", cols: "_Columns", j: int) -> tuple[RequestState, list]:
+        """A new rollout in ``slot`` (its sequence id in the store is set once every
+        admission of the step has started, :meth:`ProblemTrees.start_many`) and its
+        columns into ``cols[j]``; returns its state and the tokens its rollout in the
+        tree starts with (the prompt's tail).  A continuation (partial rollouts) ends
+        its prompt with its ``prior`` tokens from earlier steps: its rollout in the
+        tree, its length and its length class are the whole sample's."""
+        das = flags.das
+        prior = flags.partial.prior_tokens if flags.partial is not None else 0
         prompt = cached.prompt_token_ids or []
         n_prompt = len(prompt) if prompt or batch is None else int(batch.num_prompt_tokens[i])
         n_original = n_prompt - prior
-        problem = flags.problem_id or default_problem_id(None, prompt[:n_original])
-        tail = list(prompt[max(0, n_original - self.cfg.prompt_tail):n_original])
-        seq = self.store.start(problem, tail)
-        if prior:
-            self.store.extend(problem, seq, list(prompt[n_original:n_prompt]))
+        problem = das.problem_id or default_problem_id(None, prompt[:n_original])
+        first = list(prompt[max(0, n_original - self.cfg.prompt_tail):n_prompt])
         max_tokens = prior + (params.max_tokens or (self.max_model_len - n_prompt))
-        b = self.cfg.budget if flags.budget is None else min(flags.budget, self.cfg.budget)
-        key = (problem, max_tokens)
-        init = memo.initial.get(key)
-        if init is None:
-            init = memo.initial[key] = self.classes.initial(self.store.lengths(problem),
-                                                            max_tokens)
-        stop_ids = set(params.all_stop_token_ids or ())
-        if params.eos_token_id is not None and not params.ignore_eos:
-            stop_ids.add(params.eos_token_id)
-        name = flags.policy or self.cfg.policy
-        S = self.slots
-        slot = S.take()
+        b = self.cfg.budget if das.budget is None else min(das.budget, self.cfg.budget)
+        init, class_budget = memo.initial_class(self, problem, max_tokens, b)
+        name = das.policy or self.cfg.policy
         st = RequestState(
-            problem=problem, seq=seq, flags=flags, max_tokens=max_tokens, budget=b,
-            min_prob=self.cfg.min_prob if flags.min_prob is None else flags.min_prob,
-            slot=slot, slots=S, init_class=init, stop_ids=frozenset(stop_ids),
+            problem=problem, seq=-1, flags=das, max_tokens=max_tokens, budget=b,
+            min_prob=self.cfg.min_prob if das.min_prob is None else das.min_prob,
+            slot=slot, slots=self.slots, init_class=init, stop_ids=memo.stop_ids(params),
             budget_policy=name)
-        S.seq[slot], S.max_tokens[slot], S.budget[slot] = seq, max_tokens, b
-        S.generated[slot] = prior
-        S.policy[slot] = POLICY_CODES.get(name, FIXED)
-        S.rank[slot] = policy.CLASSES.index(init)
-        S.class_budget[slot] = self.classes.budget(init, b)
-        S.min_prob[slot] = st.min_prob
-        if flags.force:
-            S.force[slot] = True
-            self._forcing = True
-        S.problem_key[slot] = self._problem_key(problem)
-        if self._asynchronous:
-            self._windows.start(slot, prompt[max(0, n_prompt - self.cfg.max_depth):n_prompt])
-        self._running += 1
-        self._add_stops(st.stop_ids, 1)
-        return st
+        cols.max_tokens[j], cols.budget[j], cols.generated[j] = max_tokens, b, prior
+        cols.policy[j] = POLICY_CODES.get(name, FIXED)
+        cols.rank[j] = policy.CLASSES.index(init)
+        cols.class_budget[j] = class_budget
+        cols.min_prob[j] = st.min_prob
+        cols.force[j] = bool(das.force)
+        cols.problem_key[j] = self._problem_key(problem)
+        if flags.arrol is not None and self._asynchronous:
+            cols.hold[j] = flags.arrol.l_detect
+        cols.stop_ids.append(st.stop_ids)
+        cols.tails.append((prompt, n_prompt))
+        return st, first
 
     def _problem_key(self, problem: str) -> int:
         key = self._problem_keys.get(problem)
@@ -229,15 +267,15 @@ class RequestBook:
                                                      np.zeros_like(self._problem_seen)])
         return key
 
-    def _add_stops(self, ids: frozenset, sign: int) -> None:
+    def _add_stops(self, ids: frozenset, n: int) -> None:
         """The stop ids any running request has (a token among them is checked against
-        its own row's stop ids)."""
+        its own row's stop ids): ``n`` requests with ``ids`` started (n > 0) or ended."""
         before = len(self._stops)
         for t in ids:
-            self._stops[t] += sign
+            self._stops[t] += n
             if self._stops[t] <= 0:
                 del self._stops[t]
-        if len(self._stops) != before:          # the set changed (sign is one way)
+        if len(self._stops) != before:          # the set changed (n is one way)
             self._stop_ids = np.array(sorted(self._stops), dtype=np.int32)
 
     def _finish(self, st: RequestState, natural: bool) -> None:
@@ -334,21 +372,22 @@ class RequestBook:
 
 class _Admissions:
     """What the admissions of one step share: a group's samples arrive together, with
-    one ``extra_args`` object (vLLM's parallel sampling copies the parent's
-    ``SamplingParams`` shallowly) and one problem.  Within one step nothing runs between
-    them that could change that object or the length thresholds, and a problem's
-    finished lengths change only where a reused request id seals the old request first
-    (:meth:`RequestBook._state` then forgets the initial classes): its flags are read once
-    per object and its initial class (Sec. 4.2.3's Init_r) computed once per (problem,
-    max_tokens)."""
+    one ``extra_args`` object and one ``SamplingParams`` (vLLM's parallel sampling
+    copies the parent's shallowly) and one problem.  Within one step nothing runs
+    between them that could change those objects or the length thresholds, and a
+    problem's finished lengths change only where a reused request id seals the old
+    request first (:meth:`RequestBook._admit` then forgets the initial classes): flags
+    and stop ids are read once per object, a problem's initial class (Sec. 4.2.3's
+    Init_r) once per (problem, max_tokens, budget)."""
 
-    __slots__ = ("_read", "initial")
+    __slots__ = ("_read", "_stops", "initial")
 
     def __init__(self) -> None:
-        # id(extra_args) -> (extra_args, its flags): the object is held, so its id is not
+        # id(object) -> (object, what was read): the object is held, so its id is not
         # reused while the step's admissions run
         self._read: dict[int, tuple[Any, RLFlags | None]] = {}
-        self.initial: dict[tuple[str, int], str] = {}
+        self._stops: dict[int, tuple[Any, frozenset]] = {}
+        self.initial: dict[tuple[str, int, int], tuple[str, int]] = {}
 
     def flags(self, extra_args: dict | None, request_id: str) -> RLFlags | None:
         """The flags of ``extra_args``, read for the first request that carries it."""
@@ -359,6 +398,52 @@ class _Admissions:
             seen = self._read[id(extra_args)] = (extra_args,
                                                  _das_flags(extra_args, request_id))
         return seen[1]
+
+    def initial_class(self, book: "RequestBook", problem: str, max_tokens: int,
+                      b: int) -> tuple[str, int]:
+        """A new request's initial length class (Init_r) and that class's budget for
+        its ``b`` (Sec. 4.2.3)."""
+        key = (problem, max_tokens, b)
+        seen = self.initial.get(key)
+        if seen is None:
+            init = book.classes.initial(book.store.lengths(problem), max_tokens)
+            seen = self.initial[key] = (init, book.classes.budget(init, b))
+        return seen
+
+    def stop_ids(self, params) -> frozenset:
+        """The token ids that end a request with ``params``: its stop tokens, and EOS
+        unless it ignores EOS."""
+        seen = self._stops.get(id(params))
+        if seen is None:
+            ids = set(params.all_stop_token_ids or ())
+            if params.eos_token_id is not None and not params.ignore_eos:
+                ids.add(params.eos_token_id)
+            seen = self._stops[id(params)] = (params, frozenset(ids))
+        return seen[1]
+
+
+class _Columns:
+    """The :class:`~.slots.Slots` columns of one batch of admissions, filled per request
+    by :meth:`RequestBook._start` and written at once (:meth:`write`); with each one's
+    stop ids and prompt (its context window starts with the prompt's last
+    ``max_depth`` tokens)."""
+
+    _INT = ("seq", "max_tokens", "budget", "generated", "class_budget", "problem_key",
+            "hold")
+
+    def __init__(self, n: int) -> None:
+        for name in self._INT:
+            setattr(self, name, np.zeros(n, dtype=np.int64))
+        self.policy = np.zeros(n, dtype=np.int8)
+        self.rank = np.zeros(n, dtype=np.int8)
+        self.min_prob = np.zeros(n)
+        self.force = np.zeros(n, dtype=bool)
+        self.stop_ids: list[frozenset] = []
+        self.tails: list[tuple[list, int]] = []    # (prompt, its length) per request
+
+    def write(self, slots: "Slots", rows: np.ndarray) -> None:
+        for name in self._INT + ("policy", "rank", "min_prob", "force"):
+            getattr(slots, name)[rows] = getattr(self, name)
 
 
 def _das_flags(extra_args: dict | None, request_id: str) -> RLFlags | None:

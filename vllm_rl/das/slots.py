@@ -61,16 +61,19 @@ class Slots:
             col[:self.capacity] = getattr(self, name)
         setattr(self, name, col)
 
-    def take(self) -> int:
-        """A free slot, its columns zeroed."""
-        if not self._free:
+    def take_many(self, n: int) -> np.ndarray:
+        """``n`` free slots, the most recently given back first, their columns zeroed
+        and their epochs bumped."""
+        while len(self._free) < n:
             self._grow(2 * self.capacity)
-        slot = self._free.pop()
+        taken = np.array(self._free[-n:][::-1], dtype=np.int64) if n else \
+            np.zeros(0, dtype=np.int64)
+        del self._free[len(self._free) - n:]
         for name in _INT + ("policy", "rank", "min_prob", "done", "force", "guess_ok"):
-            getattr(self, name)[slot] = 0
-        self.epoch[slot] += 1
-        self.used += 1
-        return slot
+            getattr(self, name)[taken] = 0
+        self.epoch[taken] += 1
+        self.used += n
+        return taken
 
     def give_back(self, slot: int) -> None:
         self.epoch[slot] += 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -76,13 +77,29 @@ class ProblemTrees:
 
     def start(self, problem_id: str, prompt_tail: Sequence[int]) -> int:
         """A new rollout of ``problem_id``; returns its sequence id."""
-        p = self.problem(problem_id)
-        seq = self._new_seq(problem_id)
-        p.growing.add(seq)
-        p.requests += 1
-        self._tree_of[seq] = p.index
-        self.extend(problem_id, seq, prompt_tail)
-        return seq
+        return int(self.start_many([problem_id], [list(prompt_tail)])[0])
+
+    def start_many(self, problem_ids: Sequence[str], prompt_tails: Sequence[list]) -> np.ndarray:
+        """:meth:`start` for many rollouts (int64 sequence ids, in order): their prompt
+        tails fed in one call (:meth:`feed_and_draft`)."""
+        n = len(problem_ids)
+        seqs = np.empty(n, dtype=np.int64)
+        for j, problem_id in enumerate(problem_ids):
+            p = self.problem(problem_id)
+            seq = seqs[j] = self._new_seq(problem_id)
+            p.growing.add(seq)
+            p.requests += 1
+            self._tree_of[seq] = p.index
+        lens = np.fromiter(map(len, prompt_tails), dtype=np.int64, count=n)
+        if lens.any():
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(lens, out=offsets[1:])
+            tokens = np.fromiter(chain.from_iterable(prompt_tails), dtype=np.int32,
+                                 count=int(offsets[-1]))
+            self.feed_and_draft(seqs, tokens, offsets, lens.astype(np.int32),
+                                np.zeros((n, 1), np.int32), np.zeros(n, np.int32),
+                                np.zeros(n, np.int32), np.zeros(n))
+        return seqs
 
     def extend(self, problem_id: str, seq: int, tokens: Sequence[int]) -> None:
         p = self.problems.get(problem_id)
