@@ -6,6 +6,7 @@
 - :mod:`.step`: one rollout step per configuration vs stock (``vllm-rl bench``);
 - :mod:`.train`: time to accuracy, GRPO through the engine (``vllm-rl bench train``);
 - :mod:`.das`, :mod:`.das_batch`, :mod:`.arrol`, :mod:`.overhead`: the technique benchmarks;
+- :mod:`.host_parts`: each engine's host time per step, part by part;
 - :mod:`.serve`: RL-shaped load against running servers (``vllm-rl serve-bench``);
 - :mod:`.plots`, :mod:`.logs`: pictures and vLLM's log to a file.
 

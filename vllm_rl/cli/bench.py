@@ -10,6 +10,7 @@
     vllm-rl bench arrol-gate [...]   # the within-group AUC from which ARRoL's steering helps
     vllm-rl bench duet-gate [...]    # DUET's gate in the model's regime, its baseline's shift
     vllm-rl bench overhead [...]     # host µs per request-step vs stock vLLM, vs budgets
+    vllm-rl bench host-parts [...]   # each engine's host time per step, part by part
     vllm-rl bench report FILE.json   # a benchmark's table again, from its JSON
 
 Each subcommand has its own ``--help``.  Everything runs from the installed package.
@@ -42,6 +43,9 @@ SUBCOMMANDS = {   # name -> (module, one line of help)
     "overhead": ("vllm_rl.bench.overhead", "host time per request-step (scheduling, "
                  "update, drafter, scorer) at up to 1,024 live sequences, RL engine vs "
                  "stock vLLM, against the budgets (--mode throughput: flagless tokens/s)"),
+    "host-parts": ("vllm_rl.bench.host_parts", "where stock vLLM's and the DAS engine's host "
+                   "time goes per engine step, part by part, by phase, beside the forward "
+                   "pass's price"),
     "report": ("vllm_rl.bench.report", "a benchmark's markdown table again, from its JSON"),
 }
 

@@ -1,0 +1,302 @@
+"""``vllm-rl bench host-parts``: where each engine's host time goes, part by part, per step.
+
+    vllm-rl bench host-parts                                  # 256 prompts x 8, max_tokens 128
+    vllm-rl bench host-parts --prompts 128 --max-tokens 512   # the 128 x 8 point's workload
+
+Stock vLLM and the DAS engine run the same rollout step (:mod:`.step`'s prompts, seeds and
+``das`` flags; in-process, asynchronous scheduling, an H100's scheduler limits), one
+untimed warm-up step each first.  During the timed step every call of the parts in
+:data:`TIMED` (vLLM's scheduler, the RL scheduler's additions, the DAS drafter's hooks
+and their pieces) is timed with ``perf_counter_ns`` (about 0.3 µs a call) and charged to
+the engine step in which it ran (the host work between one ``schedule`` and the next).
+Steps are then grouped into phases by their batch (the requests scheduled) and whether
+they verified drafts, and each part's mean ms per step is given beside the forward
+pass's price on the step-cost table (``--cost``): where the host parts add up past it,
+the step is host-bound (:func:`vllm_rl.cost.host.host_counted`).
+
+A part's time includes the parts indented below it (:data:`ROWS`).  Output in ``--out``:
+``host-parts.json`` (every step's parts), ``host-parts.png`` (per phase, stacked host
+time of each engine against the forward pass) and the table on stdout; vLLM's log in
+``vllm.log``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# the parts timed: (label, module, class, method)
+TIMED = (
+    ("schedule", "vllm.v1.core.sched.scheduler", "Scheduler", "schedule"),
+    ("RL update_from_output", "vllm_rl.engine.scheduler", "RLSchedulerMixin",
+     "update_from_output"),
+    ("vLLM's update_from_output", "vllm.v1.core.sched.scheduler", "Scheduler",
+     "update_from_output"),
+    ("RL _free_request (records)", "vllm_rl.engine.scheduler", "RLSchedulerMixin",
+     "_free_request"),
+    ("vLLM's _free_request", "vllm.v1.core.sched.scheduler", "Scheduler", "_free_request"),
+    ("DAS before_step", "vllm_rl.das.async_drafts", "AsyncDrafts", "before_step"),
+    ("_catch_up (ingest)", "vllm_rl.das.async_drafts", "AsyncDrafts", "_catch_up"),
+    ("_feed (counts, natural ends)", "vllm_rl.das.requests", "RequestBook", "_feed"),
+    ("_plan", "vllm_rl.das.async_drafts", "AsyncDrafts", "_plan"),
+    ("_admit (admissions)", "vllm_rl.das.requests", "RequestBook", "_admit"),
+    ("_decide (budgets, cap)", "vllm_rl.das.budgeting", "DraftBudgets", "_decide"),
+    ("_tree_call", "vllm_rl.das.async_drafts", "AsyncDrafts", "_tree_call"),
+    ("_take_guess", "vllm_rl.das.async_drafts", "AsyncDrafts", "_take_guess"),
+    ("_retire (departures)", "vllm_rl.das.requests", "RequestBook", "_retire"),
+    ("DAS after_sample", "vllm_rl.das.async_drafts", "AsyncDrafts", "after_sample"),
+    ("DAS _begin_async", "vllm_rl.das.async_drafts", "AsyncDrafts", "_begin_async"),
+)
+UPDATE = "update_from_output"   # the engine's whole update: the RL one where there is one
+# the rows shown: (label, depth); a depth-1 row's time is inside the depth-0 row above it
+ROWS = (("schedule", 0), (UPDATE, 0), ("vLLM's update_from_output", 1),
+        ("RL _free_request (records)", 1), ("vLLM's _free_request", 1),
+        ("DAS before_step", 0), ("_catch_up (ingest)", 1), ("_feed (counts, natural ends)", 1),
+        ("_plan", 1), ("_admit (admissions)", 1), ("_decide (budgets, cap)", 1),
+        ("_tree_call", 1), ("_take_guess", 1), ("_retire (departures)", 1),
+        ("DAS after_sample", 0), ("DAS _begin_async", 0))
+TOP = tuple(label for label, depth in ROWS if depth == 0)
+
+
+@dataclass
+class Timers:
+    """The timed calls of one engine run: per engine step (one ``schedule`` call that
+    scheduled tokens, as the step trace counts them), its batch, whether it verified
+    drafts, and each part's nanoseconds."""
+
+    widths: list[int] = field(default_factory=list)
+    drafting: list[bool] = field(default_factory=list)
+    ns: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+
+    def charge(self, label: str, ns: int) -> None:
+        self.ns[label][max(len(self.widths) - 1, 0)] += ns
+
+    def step(self, out) -> None:
+        if out.num_scheduled_tokens:
+            self.widths.append(len(out.num_scheduled_tokens))
+            self.drafting.append(bool(getattr(out, "scheduled_spec_decode_tokens", None)))
+
+    def per_step(self, label: str) -> np.ndarray:
+        a = np.zeros(len(self.widths))
+        for i, ns in self.ns.get(label, {}).items():
+            if i < len(a):
+                a[i] = ns / 1e6
+        return a
+
+
+class timed:
+    """While entered, every call of the :data:`TIMED` parts is charged to ``timers``;
+    the originals are put back on exit.  ``schedule`` also marks each engine step."""
+
+    def __init__(self, timers: Timers, parts=TIMED) -> None:
+        self.timers, self.parts, self._saved = timers, parts, []
+
+    def __enter__(self) -> "timed":
+        for label, module, cls, name in self.parts:
+            owner = getattr(importlib.import_module(module), cls)
+            original = owner.__dict__[name]
+            self._saved.append((owner, name, original))
+            setattr(owner, name, self._wrap(label, original, name == "schedule"))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+    def _wrap(self, label: str, fn, marks_step: bool):
+        timers, clock = self.timers, time.perf_counter_ns
+
+        def wrapper(*args, **kwargs):
+            t0 = clock()
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                if not marks_step:
+                    timers.charge(label, clock() - t0)
+            if marks_step:
+                timers.step(out)
+                timers.charge(label, clock() - t0)
+            return out
+
+        wrapper.__wrapped__ = fn
+        return wrapper
+
+
+PHASES = (("full batch, no drafts", lambda w, d, full: (w >= 0.9 * full) & ~d),
+          ("full batch, drafting", lambda w, d, full: (w >= 0.9 * full) & d),
+          ("30-90% of it", lambda w, d, full: (w < 0.9 * full) & (w >= 0.3 * full)),
+          ("below 30%", lambda w, d, full: w < 0.3 * full))
+
+
+def parts_per_step(timers: Timers) -> dict[str, np.ndarray]:
+    """Each row's ms per step (:data:`ROWS`): the timed parts, and the engine's whole
+    update (the RL scheduler's, which runs vLLM's inside it, else vLLM's)."""
+    parts = {label: timers.per_step(label) for label, *_ in TIMED}
+    parts[UPDATE] = np.maximum(parts.pop("RL update_from_output"),
+                               parts["vLLM's update_from_output"])
+    return parts
+
+
+def summarize(timers: Timers, gpu_ms: np.ndarray, full: int) -> list[dict]:
+    """Per phase (:data:`PHASES`): its steps, mean batch, the forward pass's mean price
+    and each row's mean ms per step."""
+    w = np.asarray(timers.widths)
+    d = np.asarray(timers.drafting, dtype=bool)
+    n = min(len(w), len(gpu_ms))
+    w, d, gpu = w[:n], d[:n], np.asarray(gpu_ms[:n])
+    parts = {label: a[:n] for label, a in parts_per_step(timers).items()}
+    out = []
+    for name, select in PHASES:
+        idx = np.flatnonzero(select(w, d, full))
+        k = max(len(idx), 1)
+        out.append({"phase": name, "steps": int(len(idx)),
+                    "batch": float(w[idx].mean()) if len(idx) else 0.0,
+                    "gpu_ms": float(gpu[idx].sum() / k),
+                    "parts": {label: float(a[idx].sum() / k) for label, a in parts.items()}})
+    return out
+
+
+def table(phases: dict[str, list[dict]]) -> str:
+    """One markdown table per phase: each part's ms per step for each engine."""
+    names = list(phases)
+    lines = []
+    for j, first in enumerate(phases[names[0]]):
+        rows = [phases[e][j] for e in names]
+        lines += ["", f"**{first['phase']}** (steps: " +
+                  ", ".join(f"{e} {r['steps']}" for e, r in zip(names, rows)) +
+                  "; mean batch: " + ", ".join(f"{r['batch']:.0f}" for r in rows) + ")", "",
+                  "| part, ms per step | " + " | ".join(names) + " |",
+                  "|---|" + "---|" * len(names),
+                  "| forward pass (projected) | " +
+                  " | ".join(f"{r['gpu_ms']:.2f}" for r in rows) + " |",
+                  "| host, top-level parts | " +
+                  " | ".join(f"{sum(r['parts'][t] for t in TOP):.2f}" for r in rows) + " |"]
+        for label, depth in ROWS:
+            vals = [r["parts"][label] for r in rows]
+            if max(vals) < 0.005:
+                continue
+            lines.append(f"| {'· ' * depth}{label} | " +
+                         " | ".join(f"{v:.2f}" for v in vals) + " |")
+    return "\n".join(lines)
+
+
+def picture(phases: dict[str, list[dict]], path: Path, title: str) -> Path:
+    """Per phase, each engine's top-level host parts stacked, the forward pass as a
+    line over them."""
+    from vllm_rl.bench.plots import _plt
+
+    plt = _plt()
+    names = list(phases)
+    n_phases = len(phases[names[0]])
+    fig, ax = plt.subplots(figsize=(10, 5))
+    colours = plt.get_cmap("tab10").colors
+    width = 0.8 / len(names)
+    for e, name in enumerate(names):
+        for j, row in enumerate(phases[name]):
+            x, bottom = j + (e - (len(names) - 1) / 2) * width, 0.0
+            for c, label in enumerate(TOP):
+                v = row["parts"][label]
+                ax.bar(x, v, width * 0.9, bottom=bottom, color=colours[c % len(colours)],
+                       label=label if (e, j) == (len(names) - 1, 0) else None)
+                bottom += v
+            ax.hlines(row["gpu_ms"], x - width * 0.45, x + width * 0.45, colors="black",
+                      linewidth=2, label="forward pass (projected)" if (e, j) == (0, 0)
+                      else None)
+            ax.text(x, bottom, name, ha="center", va="bottom", fontsize=7, rotation=90)
+    ax.set_xticks(range(n_phases), [r["phase"] for r in phases[names[0]]])
+    ax.set_ylabel("ms per engine step")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.margins(y=0.25)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="vllm-rl bench host-parts",
+                                 description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=256, help="held-out prompts (default 256: "
+                    "2,048 samples through 1,024 slots, so requests come and go every step)")
+    ap.add_argument("--m", type=int, default=8, help="samples per prompt (default 8)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cost", default="h100:qwen3-8b",
+                    help="the step-cost table the forward passes are priced on, and the DAS "
+                         "engine plans with")
+    ap.add_argument("--kv-gib", type=float, default=4.0, help="KV cache per engine, GiB")
+    ap.add_argument("--out", default="results/host-parts")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
+    from vllm_rl.bench.engines import GPU_LIMITS, in_process
+
+    in_process()
+    from vllm import SamplingParams
+
+    from vllm_rl import rl_params
+    from vllm_rl.bench.engines import rl_engine, shutdown, stock_engine
+    from vllm_rl.bench.logs import provenance, vllm_log_to
+    from vllm_rl.bench.step import _drive
+    from vllm_rl.cost import load_cost
+    from vllm_rl.engine.trace import engine_trace
+    from vllm_rl.task import MODEL_PATH, heldout_prompts
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vllm_log_to(out_dir / "vllm.log")
+    prompts, cost = heldout_prompts(args.prompts), load_cost(args.cost)
+    full = GPU_LIMITS["max_num_seqs"]
+    kv = int(args.kv_gib * (1 << 30))
+
+    def params(das: bool, seed: int) -> list:
+        return [SamplingParams(n=args.m, temperature=1.0, max_tokens=args.max_tokens,
+                               seed=seed + 7919 * i,
+                               extra_args=rl_params(das={"problem_id": p}) if das else None)
+                for i, p in enumerate(prompts)]
+
+    phases, steps = {}, {}
+    for name in ("stock", "das"):
+        print(f"[host-parts] {name}: engine, warm-up step, timed step", flush=True)
+        llm = (stock_engine(str(MODEL_PATH), args.seed, True, kv) if name == "stock" else
+               rl_engine(str(MODEL_PATH), args.seed, True, kv, cost=args.cost))
+        try:
+            _drive(llm, f"{name}-warm-up", params(name != "stock", args.seed + 99), prompts, 0)
+            trace = engine_trace(llm)
+            mark, timers = trace.mark(), Timers()
+            with timed(timers):
+                _drive(llm, name, params(name != "stock", args.seed), prompts, 1)
+            gpu = np.asarray(trace.since(mark).project(cost).per_step_ms)
+        finally:
+            shutdown(llm)
+        phases[name] = summarize(timers, gpu, full)
+        steps[name] = {"widths": timers.widths, "drafting": timers.drafting,
+                       "gpu_ms": gpu.tolist(),
+                       "parts": {label: a.tolist()
+                                 for label, a in parts_per_step(timers).items()}}
+    text = table(phases)
+    title = (f"{args.prompts} prompts x {args.m}, max_tokens {args.max_tokens}: host time by "
+             f"part per engine step, forward pass on {cost.describe()}")
+    print(f"\n{title}\n{text}")
+    result = {"args": vars(args), "provenance": provenance(), "phases": phases,
+              "steps": steps}
+    (out_dir / "host-parts.json").write_text(json.dumps(result))
+    png = picture(phases, out_dir / "host-parts.png", title)
+    print(f"\nresults: {out_dir / 'host-parts.json'}\npicture: {png}\n"
+          f"vLLM's log: {out_dir / 'vllm.log'}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
