@@ -201,6 +201,10 @@ def picture(phases: dict[str, list[dict]], path: Path, title: str) -> Path:
     for e, name in enumerate(names):
         for j, row in enumerate(phases[name]):
             x, bottom = j + (e - (len(names) - 1) / 2) * width, 0.0
+            if not row["steps"]:
+                ax.text(x, 0.5, f"{name}: no steps", ha="center", va="bottom", fontsize=8,
+                        rotation=90)
+                continue
             for c, label in enumerate(TOP):
                 v = row["parts"][label]
                 ax.bar(x, v, width * 0.9, bottom=bottom, color=colours[c % len(colours)],
@@ -209,10 +213,11 @@ def picture(phases: dict[str, list[dict]], path: Path, title: str) -> Path:
             ax.hlines(row["gpu_ms"], x - width * 0.45, x + width * 0.45, colors="black",
                       linewidth=2, label="forward pass (projected)" if (e, j) == (0, 0)
                       else None)
-            ax.text(x, bottom, name, ha="center", va="bottom", fontsize=7, rotation=90)
+            ax.text(x, 0.5, name, ha="center", va="bottom", fontsize=8, rotation=90,
+                    color="white")
     ax.set_xticks(range(n_phases), [r["phase"] for r in phases[names[0]]])
     ax.set_ylabel("ms per engine step")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=9, wrap=True)
     ax.legend(fontsize=8, loc="upper right")
     ax.margins(y=0.25)
     fig.tight_layout()
@@ -286,8 +291,8 @@ def main(argv: list[str] | None = None) -> dict:
                        "parts": {label: a.tolist()
                                  for label, a in parts_per_step(timers).items()}}
     text = table(phases)
-    title = (f"{args.prompts} prompts x {args.m}, max_tokens {args.max_tokens}: host time by "
-             f"part per engine step, forward pass on {cost.describe()}")
+    title = (f"{args.prompts} prompts x {args.m}, max_tokens {args.max_tokens}: host time per "
+             f"engine step by part\nforward pass projected on {args.cost}")
     print(f"\n{title}\n{text}")
     result = {"args": vars(args), "provenance": provenance(), "phases": phases,
               "steps": steps}
