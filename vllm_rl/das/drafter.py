@@ -275,11 +275,7 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
             from concurrent.futures import ThreadPoolExecutor
 
             self._feeder = ThreadPoolExecutor(1, thread_name_prefix="vllm_rl-das-feed")
-        n = len(seqs)
-        self._pending = self._feeder.submit(
-            self.store.feed_and_draft, seqs, tokens, offsets, feed,
-            np.zeros((n, 1), np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32),
-            np.zeros(n), True)
+        self._pending = self._feeder.submit(self.store.feed, seqs, tokens, offsets, feed)
 
     def _wait_feed(self) -> None:
         """Wait for the background feed of the last step.  Its time off the step's path

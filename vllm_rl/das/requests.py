@@ -144,14 +144,9 @@ class RequestBook:
             (step.ntok[rows] >= self.max_model_len)
         ended = rows[ends]
         if len(ended):          # their last tokens into their trees (one call), then sealed
-            n = feed[ended].astype(np.int64)
-            offsets = np.zeros(len(ended) + 1, dtype=np.int64)
-            np.cumsum(n, out=offsets[1:])
-            at = np.repeat(step.offsets[ended] - offsets[:-1], n) + np.arange(offsets[-1])
-            self.store.feed_and_draft(
-                S.seq[step.slots[ended]], step.tokens[at], offsets, feed[ended],
-                np.zeros((len(ended), 1), np.int32), np.zeros(len(ended), np.int32),
-                np.zeros(len(ended), np.int32), np.zeros(len(ended)))
+            # row i's tokens start at offsets[i] (ended rows ascend), its first feed[i]
+            offsets = np.append(step.offsets[ended], step.offsets[-1])
+            self.store.feed(S.seq[step.slots[ended]], step.tokens, offsets, feed[ended])
             feed[ended] = 0
             for slot in step.slots[ended].tolist():
                 self._finish(self._by_slot[slot], natural=True)
@@ -199,16 +194,16 @@ class RequestBook:
         S = self.slots
         slots = S.take_many(len(das))
         cols = _Columns(len(das))
-        problems, fed = [], []
+        states, fed = [], []
         for j, ((i, rid, cached, params, flags), slot) in enumerate(zip(das, slots.tolist())):
             st, first = self._start(flags, params, cached, batch, i, slot, memo, cols, j)
-            problems.append(st.problem)
+            states.append(st)
             fed.append(first)
             self.requests[rid] = st
             self._slot_of[rid] = slot
             self._by_slot[slot] = st
-        cols.seq[:] = self.store.start_many(problems, fed)
-        for st, seq in zip(map(self._by_slot.__getitem__, slots.tolist()), cols.seq.tolist()):
+        cols.seq[:] = self.store.start_many([st.problem for st in states], fed)
+        for st, seq in zip(states, cols.seq.tolist()):
             st.seq = seq
         cols.write(S, slots)
         if cols.force.any():

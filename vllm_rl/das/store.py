@@ -96,9 +96,7 @@ class ProblemTrees:
             np.cumsum(lens, out=offsets[1:])
             tokens = np.fromiter(chain.from_iterable(prompt_tails), dtype=np.int32,
                                  count=int(offsets[-1]))
-            self.feed_and_draft(seqs, tokens, offsets, lens.astype(np.int32),
-                                np.zeros((n, 1), np.int32), np.zeros(n, np.int32),
-                                np.zeros(n, np.int32), np.zeros(n))
+            self.feed(seqs, tokens, offsets, lens.astype(np.int32))
         return seqs
 
     def extend(self, problem_id: str, seq: int, tokens: Sequence[int]) -> None:
@@ -180,6 +178,14 @@ class ProblemTrees:
             self.stored_tokens += int(counts.sum())
         return feed_and_draft(self.table, tree_idx, seqs, tokens, offsets, feed, contexts,
                               context_len, max_tokens, min_prob, backoff)
+
+    def feed(self, seqs: np.ndarray, tokens: np.ndarray, offsets: np.ndarray,
+             feed: np.ndarray) -> BatchDrafts:
+        """:meth:`feed_and_draft` with no row drafting: the rows' tokens into their
+        trees (its ``feed_ns`` is the call's CPU time)."""
+        n = len(seqs)
+        return self.feed_and_draft(seqs, tokens, offsets, feed, np.zeros((n, 1), np.int32),
+                                   np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n))
 
     def branch_drafts(self, seqs: np.ndarray, contexts: np.ndarray, context_len: np.ndarray,
                       exclude: np.ndarray, max_tokens: np.ndarray, min_prob: np.ndarray,
