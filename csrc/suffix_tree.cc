@@ -944,12 +944,18 @@ StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees, const StepR
   return times;
 }
 
-int64_t branch_drafts(SuffixTree* const* trees, size_t num_trees, const BranchRows& r) {
-  if (r.branches < 1) throw std::invalid_argument("branches must be >= 1");
-  if (r.width < 0) throw std::invalid_argument("width must be >= 0");
+int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisRows& r) {
+  const int32_t B = r.branches, H = r.hypotheses, K = r.k_max;
+  if (B < 1) throw std::invalid_argument("branches must be >= 1");
+  if (r.width < 1) throw std::invalid_argument("width must be >= 1");
+  if (K < 0) throw std::invalid_argument("k_max must be >= 0");
   for (size_t i = 0; i < r.rows; ++i) {
+    if (r.max_tokens[i] <= 0) continue;
+    if (r.sound[i] < 0 || r.sound[i] > K) bad_row(i, "sound must be in [0, k_max]");
+    const int pairs = 1 + (r.sound[i] >= 1) + (r.sound[i] >= 2);
+    if (pairs * B > H) bad_row(i, "its pairs times branches exceed the hypotheses per row");
     const int32_t t = r.tree[i];
-    if (t < 0 || r.max_tokens[i] < 0) continue;
+    if (t < 0) continue;
     if (static_cast<size_t>(t) >= num_trees || !trees[t])
       bad_row(i, "tree index " + std::to_string(t) + " names no tree");
     if (r.context_len[i] < 0 || r.context_len[i] > r.columns)
@@ -958,23 +964,71 @@ int64_t branch_drafts(SuffixTree* const* trees, size_t num_trees, const BranchRo
       bad_row(i, "min_prob must be in [0, 1]");
   }
   const int64_t t0 = now_ns();
+  const int64_t cells = static_cast<int64_t>(r.rows) * H;
+  std::fill(r.lengths, r.lengths + cells, 0);
+  std::fill(r.branch_len, r.branch_len + cells, 0);
+  // a hypothesis's tokens are -1 padded (as vLLM pads the sampled ids past a row's
+  // tokens); a cell without one starts with -2, which no sampled id equals
+  std::fill(r.tokens, r.tokens + cells * (K + 1), -1);
+  for (int64_t c = 0; c < cells; ++c) r.tokens[c * (K + 1)] = -2;
+  std::fill(r.drafts, r.drafts + cells * K, 0);
+  std::fill(r.draft_len, r.draft_len + r.rows, 0);
+  std::vector<Token> ctx, out(static_cast<size_t>(B) * r.width);
+  std::vector<int32_t> lens(B);
   std::shared_lock<std::shared_mutex> lock;
   const SuffixTree* held = nullptr;
   for (size_t i = 0; i < r.rows; ++i) {
-    int32_t* lens = r.out_len + static_cast<int64_t>(i) * r.branches;
-    for (int j = 0; j < r.branches; ++j) lens[j] = 0;
-    if (r.tree[i] < 0 || r.max_tokens[i] < 0 || r.context_len[i] == 0) continue;
-    const SuffixTree* t = trees[r.tree[i]];
-    if (t != held) {
-      lock = std::shared_lock<std::shared_mutex>(t->mu_);
-      held = t;
+    int32_t* lengths = r.lengths + static_cast<int64_t>(i) * H;
+    int64_t best = -1, fallback = 0;
+    if (r.max_tokens[i] > 0 && r.tree[i] >= 0) {
+      const SuffixTree* t = trees[r.tree[i]];
+      if (t != held) {
+        lock = std::shared_lock<std::shared_mutex>(t->mu_);
+        held = t;
+      }
+      const int64_t k = r.sound[i];
+      const Token* d = r.verified + static_cast<int64_t>(i) * r.verified_stride;
+      const Token* row = r.context + static_cast<int64_t>(i) * r.stride;
+      const size_t n = static_cast<size_t>(r.context_len[i]);
+      const int64_t counts[3] = {0, std::min<int64_t>(k, 1), k};
+      const int pairs = 1 + (k >= 1) + (k >= 2);
+      for (int s = 0; s < pairs; ++s) {
+        const int64_t a = counts[s];
+        const size_t total = n + static_cast<size_t>(a);
+        if (total == 0) continue;
+        // the last max_depth tokens of context + d[:a]
+        const size_t keep = std::min<size_t>(total, static_cast<size_t>(t->max_depth()));
+        ctx.resize(keep);
+        for (size_t j = 0; j < keep; ++j) {
+          const size_t at = total - keep + j;
+          ctx[j] = at < n ? row[at] : d[at - n];
+        }
+        const Token exclude = a < k ? d[a] : -1;
+        t->branch_into(ctx.data(), keep, exclude, B, r.max_tokens[i], r.min_prob[i],
+                       out.data(), r.width, lens.data());
+        for (int j = 0; j < B; ++j) {
+          if (lens[j] <= 0) continue;
+          const int64_t h = static_cast<int64_t>(s) * B + j;
+          const int64_t cell = static_cast<int64_t>(i) * H + h;
+          Token* tok = r.tokens + cell * (K + 1);
+          const Token* o = out.data() + static_cast<int64_t>(j) * r.width;
+          std::copy(d, d + a, tok);
+          tok[a] = o[0];
+          lengths[h] = static_cast<int32_t>(a + 1);
+          r.branch_len[cell] = lens[j];
+          const int32_t m = std::min<int32_t>(lens[j] - 1, K);
+          std::copy(o + 1, o + 1 + m, r.drafts + cell * K);
+          r.draft_len[i] = std::max(r.draft_len[i], m);
+          // the fallback: the most tokens assumed, the first branch among equals
+          const int64_t score = lengths[h] * static_cast<int64_t>(H) - j;
+          if (score > best) {
+            best = score;
+            fallback = h;
+          }
+        }
+      }
     }
-    const size_t n = static_cast<size_t>(r.context_len[i]);
-    const size_t keep = std::min<size_t>(n, t->max_depth());
-    const Token* ctx = r.context + static_cast<int64_t>(i) * r.stride + (n - keep);
-    t->branch_into(ctx, keep, r.exclude ? r.exclude[i] : -1, r.branches, r.max_tokens[i],
-                   r.min_prob[i], r.out + static_cast<int64_t>(i) * r.branches * r.width,
-                   r.width, lens);
+    r.fallback[i] = fallback;
   }
   return now_ns() - t0;
 }

@@ -99,23 +99,34 @@ struct StepRows {
   int32_t* out_len = nullptr;
 };
 
-// The lookahead's hypotheses for branch_drafts (below): per row, the `branches` most
-// frequent continuations of its context other than one excluded token, each followed by
-// its draft.  Plain arrays, row-major, one entry per row unless stated.
-struct BranchRows {
+// The lookahead's hypotheses, assembled (hypotheses(), below; vllm_rl/das/hypotheses.py).
+// Row i verifies sound[i] drafts verified[i, :sound[i]] in the step on the device; its
+// pairs are the accepted counts a = 0, 1 and sound[i] (each once, in that order: pair s =
+// 0, 1, 2), and pair s's branch j is hypothesis h = s * branches + j.  Plain arrays,
+// row-major, one entry per row unless stated.
+struct HypothesisRows {
   size_t rows = 0;
   const int32_t* tree = nullptr;       // index into the tree list; < 0: no tree
   const Token* context = nullptr;      // row i's context is context[i * stride, + context_len[i])
   int64_t stride = 0;
   int64_t columns = 0;
   const int32_t* context_len = nullptr;
-  const Token* exclude = nullptr;      // a token no branch may be (< 0: none); nullptr: none
-  const int32_t* max_tokens = nullptr; // draft after each branch token (< 0: skip the row)
+  const Token* verified = nullptr;     // row i's drafts in the step on the device:
+  int64_t verified_stride = 0;         //   verified[i * verified_stride, + k_max)
+  int32_t k_max = 0;
+  const int64_t* sound = nullptr;      // how many of them are sound, in [0, k_max]
+  const int32_t* max_tokens = nullptr; // draft after each branch token (<= 0: no hypotheses)
   const double* min_prob = nullptr;    // cumulative-probability cutoff of each draft
   int32_t branches = 1;
-  Token* out = nullptr;                // row i, branch j: out[(i * branches + j) * width, + len)
-  int32_t width = 0;                   // the branch token, then its draft
-  int32_t* out_len = nullptr;          // [rows * branches]: 0 where there is no such branch
+  int32_t width = 1;                   // 1 + the longest draft after a branch token
+  int32_t hypotheses = 0;              // H per row (>= the row's pairs * branches)
+  int32_t* lengths = nullptr;          // [rows, H]: tokens assumed (a + 1; 0: no hypothesis)
+  Token* tokens = nullptr;             // [rows, H, k_max + 1]: d_1 .. d_a, the branch token,
+                                       //   then -1; a cell without a hypothesis starts -2
+  Token* drafts = nullptr;             // [rows, H, k_max]: the draft after them (zero padded)
+  int32_t* branch_len = nullptr;       // [rows, H]: 1 + that draft's length (0: none)
+  int32_t* draft_len = nullptr;        // [rows]: the row's longest draft
+  int64_t* fallback = nullptr;         // [rows]: the most tokens assumed, first branch among equals
 };
 
 struct StepTimes {  // CPU time of the calling thread in each phase
@@ -277,8 +288,8 @@ class SuffixTree {
                                        const std::vector<int>&, double, bool);
   friend StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees,
                                   const StepRows& rows);
-  friend int64_t branch_drafts(SuffixTree* const* trees, size_t num_trees,
-                               const BranchRows& rows);
+  friend int64_t hypotheses(SuffixTree* const* trees, size_t num_trees,
+                            const HypothesisRows& rows);
 
   const int max_depth_;
   Node root_;
@@ -313,10 +324,13 @@ std::vector<Draft> draft_many(const std::vector<const SuffixTree*>& trees,
 StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees, const StepRows& rows);
 
 // The lookahead's hypotheses for many rows (DAS under async scheduling: the drafts of
-// step n + 1 are made before step n's tokens are known): every row with a tree and
-// max_tokens >= 0 gets SuffixTree::branch_into's branches and drafts, under its tree's
-// shared lock.  Checked first (std::invalid_argument naming the row).  No Python: the
-// caller may run it without the GIL.  Returns the CPU time of the drafts (ns).
-int64_t branch_drafts(SuffixTree* const* trees, size_t num_trees, const BranchRows& rows);
+// step n + 1 are made before step n's tokens are known), assembled: every row with a tree
+// and max_tokens > 0, for each of its pairs (HypothesisRows), gets SuffixTree::branch_into
+// on its context followed by verified[:a], excluding verified[a] when a < sound (the
+// token after a rejected draft is not that draft), under its tree's shared lock; the
+// outputs are written whole (zeros where there is no hypothesis).  Checked first
+// (std::invalid_argument naming the row).  No Python: the caller may run it without the
+// GIL.  Returns the CPU time of the drafts (ns).
+int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisRows& rows);
 
 }  // namespace vllm_rl

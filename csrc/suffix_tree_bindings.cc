@@ -431,11 +431,12 @@ void bind_suffix_tree(py::module_& m) {
       py::arg("max_tokens"), py::arg("min_prob"), py::arg("backoff") = true, kFeedAndDraftDoc);
 
   m.def(
-      "branch_drafts",
+      "hypothesis_drafts",
       [](py::object trees, py::object tree_idx, py::object contexts, py::object context_len,
-         py::object exclude, py::object max_tokens, py::object min_prob, int branches) {
-        BranchRows r;
-        py::array keep[6];
+         py::object verified, py::object sound, py::object max_tokens, py::object min_prob,
+         int branches, int hypotheses_per_row) {
+        HypothesisRows r;
+        py::array keep[7];
         r.tree = array_of<int32_t>(tree_idx, "tree_idx", -1, &keep[0]);
         const py::ssize_t n = keep[0].shape(0);
         r.rows = static_cast<size_t>(n);
@@ -443,42 +444,59 @@ void bind_suffix_tree(py::module_& m) {
         r.stride = keep[1].strides(0) / static_cast<py::ssize_t>(sizeof(int32_t));
         r.columns = keep[1].shape(1);
         r.context_len = array_of<int32_t>(context_len, "context_len", n, &keep[2]);
-        r.exclude = array_of<int32_t>(exclude, "exclude", n, &keep[3]);
-        r.max_tokens = array_of<int32_t>(max_tokens, "max_tokens", n, &keep[4]);
-        r.min_prob = array_of<double>(min_prob, "min_prob", n, &keep[5]);
+        r.verified = array_of<int32_t>(verified, "verified", n, &keep[3], -1);
+        r.verified_stride = keep[3].strides(0) / static_cast<py::ssize_t>(sizeof(int32_t));
+        r.k_max = static_cast<int32_t>(keep[3].shape(1));
+        r.sound = array_of<int64_t>(sound, "sound", n, &keep[4]);
+        r.max_tokens = array_of<int32_t>(max_tokens, "max_tokens", n, &keep[5]);
+        r.min_prob = array_of<double>(min_prob, "min_prob", n, &keep[6]);
         if (branches < 1 || branches > 16) throw py::value_error("branches must be in [1, 16]");
+        if (hypotheses_per_row < branches)
+          throw py::value_error("hypotheses per row must be >= branches");
         r.branches = branches;
+        r.hypotheses = hypotheses_per_row;
         const TreeList list(trees);
         TreeTable* const table = list.table;
         int32_t width = 0;
         for (py::ssize_t i = 0; i < n; ++i) width = std::max(width, r.max_tokens[i]);
-        width = 1 + std::min(width, static_cast<int32_t>(SuffixTree::kMaxDepthLimit));
+        r.width = 1 + std::min(width, static_cast<int32_t>(SuffixTree::kMaxDepthLimit));
+        const py::ssize_t H = hypotheses_per_row, K = r.k_max;
+        py::array_t<int32_t> lengths({n, H}), branch_len({n, H}), draft_len(n);
+        py::array_t<int32_t> tokens({n, H, K + 1}), drafts({n, H, K});
+        py::array_t<int64_t> fallback(n);
+        r.lengths = lengths.mutable_data();
+        r.tokens = tokens.mutable_data();
+        r.drafts = drafts.mutable_data();
+        r.branch_len = branch_len.mutable_data();
+        r.draft_len = draft_len.mutable_data();
+        r.fallback = fallback.mutable_data();
         int64_t ns = 0;
-        py::array_t<int32_t> out({n, static_cast<py::ssize_t>(branches),
-                                  static_cast<py::ssize_t>(width)});
-        py::array_t<int32_t> lens({n, static_cast<py::ssize_t>(branches)});
-        r.out = out.mutable_data();
-        r.width = width;
-        r.out_len = lens.mutable_data();
         {
           std::shared_lock<std::shared_mutex> lock;
           py::gil_scoped_release nogil;
           if (table) lock = std::shared_lock<std::shared_mutex>(table->mutex());
           SuffixTree* const* ptrs = list.data();
           const size_t count = list.count();
-          ns = branch_drafts(ptrs, count, r);
+          ns = hypotheses(ptrs, count, r);
         }
-        return py::make_tuple(out, lens, ns);
+        return py::make_tuple(lengths, tokens, drafts, branch_len, draft_len, fallback, ns);
       },
       py::arg("trees"), py::arg("tree_idx"), py::arg("contexts"), py::arg("context_len"),
-      py::arg("exclude"), py::arg("max_tokens"), py::arg("min_prob"), py::arg("branches"),
-      "The lookahead's hypotheses for many rows in one call without the GIL: row ``i`` "
-      "(``trees[tree_idx[i]]``; a negative index or ``max_tokens[i] < 0`` skips it) gets "
-      "the ``branches`` most frequent continuations of its context's longest suffix that "
-      "continues with a token other than ``exclude[i]`` (< 0: any), each followed by its "
-      "draft of at most ``max_tokens[i]`` tokens at ``min_prob[i]`` (cumulative after the "
-      "branch).  Returns ``(out, lens, ns)``: ``out[i, j, 0]`` is branch ``j``, "
-      "``out[i, j, 1:lens[i, j]]`` its draft, ``lens[i, j] == 0`` where there is none.");
+      py::arg("verified"), py::arg("sound"), py::arg("max_tokens"), py::arg("min_prob"),
+      py::arg("branches"), py::arg("hypotheses"),
+      "The lookahead's hypotheses of many rows in one call without the GIL, assembled: row "
+      "``i`` (``trees[tree_idx[i]]``; a negative index: none) with ``max_tokens[i] > 0`` "
+      "verifies ``verified[i, :sound[i]]`` in the step on the device; for ``a`` in 0, 1 "
+      "and ``sound[i]`` (each once; pair ``s`` = 0, 1, 2), the ``branches`` most frequent "
+      "continuations of ``contexts[i, :context_len[i]] + verified[i, :a]`` other than "
+      "``verified[i, a]`` (when ``a < sound[i]``), each followed by its draft of at most "
+      "``max_tokens[i]`` tokens at ``min_prob[i]``, are hypotheses ``s * branches + j``.  "
+      "Returns ``(lengths, tokens, drafts, branch_len, draft_len, fallback, ns)``: per row "
+      "and hypothesis the tokens assumed (``a + 1``, 0: none) and those tokens (-1 padded; "
+      "a cell without a hypothesis starts with -2), the draft after them (zero padded) and "
+      "1 + its length; per row its longest draft and its "
+      "fallback (the most tokens assumed, the first branch among equals); ``ns`` the "
+      "call's CPU time.");
 
   m.def(
       "draft_lists",

@@ -1,6 +1,7 @@
-"""The lookahead's hypotheses (``vllm_rl.das.hypotheses``): the tree's branches
-(``branch_drafts``) against a brute-force reference, and the device's choice of a
-hypothesis against the host's (the same rule on both sides)."""
+"""The lookahead's hypotheses (``vllm_rl.das.hypotheses``): the one C++ call that builds
+them (``tree.hypothesis_drafts``) against a brute-force reference, its branches and their
+layout, and the device's choice of a hypothesis against the host's (the same rule on
+both sides)."""
 from __future__ import annotations
 
 import random
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 
 from vllm_rl.das import hypotheses
-from vllm_rl.das.tree import SuffixTree, TreeTable, branch_drafts
+from vllm_rl.das.tree import SuffixTree, TreeTable
+from vllm_rl.das.tree import hypothesis_drafts
 
 
 def _reference(tree: SuffixTree, context: list[int], exclude: int, branches: int, b: int,
@@ -33,18 +35,35 @@ def _reference(tree: SuffixTree, context: list[int], exclude: int, branches: int
     return []
 
 
-def _branches(tree, contexts, exclude, b, min_prob, branches):
+def _call(trees, tree_idx, contexts, d, k, b, min_prob, branches):
+    """``tree.hypothesis_drafts`` on lists: row i's context ``contexts[i]``, verifying
+    ``d[i][:k[i]]``, drafting ``b[i]`` tokens."""
     n = len(contexts)
     width = max(1, max(len(c) for c in contexts))
     ctx = np.zeros((n, width), dtype=np.int32)
     for i, c in enumerate(contexts):
         ctx[i, :len(c)] = c
-    out, lens, _ = branch_drafts([tree], np.zeros(n, np.int32), ctx,
-                                 np.array([len(c) for c in contexts], np.int32),
-                                 np.array(exclude, np.int32), np.full(n, b, np.int32),
-                                 np.full(n, min_prob), branches)
-    return [[out[i, j, :lens[i, j]].tolist() for j in range(branches) if lens[i, j]]
-            for i in range(n)]
+    K = max(1, max(len(x) for x in d), max(b))
+    ver = np.zeros((n, K), dtype=np.int32)
+    for i, x in enumerate(d):
+        ver[i, :len(x)] = x
+    k = np.array(k, np.int64)
+    b = np.array(b, np.int32)
+    return hypothesis_drafts(trees, np.array(tree_idx, np.int32), ctx,
+                           np.array([len(c) for c in contexts], np.int32), ver, k, b,
+                           np.full(n, min_prob), branches,
+                           hypotheses.per_row(k[b > 0], branches))
+
+
+def _branches(tree, contexts, exclude, b, min_prob, branches):
+    """Each context's branches (token, then its draft) other than ``exclude``: pair 0
+    of a row that verifies the one draft ``exclude`` (none where it is < 0)."""
+    n = len(contexts)
+    d = [[e] if e >= 0 else [] for e in exclude]
+    _, tokens, drafts, blen, _, _, _ = _call([tree], [0] * n, contexts, d,
+                                             [len(x) for x in d], [b] * n, min_prob, branches)
+    return [[[int(tokens[i, j, 0]), *drafts[i, j, :blen[i, j] - 1].tolist()]
+             for j in range(branches) if blen[i, j]] for i in range(n)]
 
 
 def test_branches_equal_the_reference():
@@ -57,7 +76,7 @@ def test_branches_equal_the_reference():
         contexts = [[rng.randrange(alphabet) for _ in range(rng.randint(1, 30))]
                     for _ in range(6)]
         exclude = [rng.choice([-1, *range(alphabet)]) for _ in contexts]
-        b, p, branches = rng.choice([0, 1, 3, 8]), rng.choice([0.0, 0.1, 0.5]), rng.randint(1, 3)
+        b, p, branches = rng.choice([1, 3, 8]), rng.choice([0.0, 0.1, 0.5]), rng.randint(1, 3)
         got = _branches(tree, contexts, exclude, b, p, branches)
         for i, c in enumerate(contexts):
             assert got[i] == _reference(tree, c, exclude[i], branches, b, p, alphabet), \
@@ -81,53 +100,108 @@ def test_bad_arguments():
     table = TreeTable()
     table.add(SuffixTree(8))
     ctx = np.zeros((1, 2), np.int32)
-    args = (np.array([2], np.int32), np.array([-1], np.int32), np.array([2], np.int32),
-            np.array([0.1]))
+    rest = (np.array([2], np.int32), np.zeros((1, 2), np.int32), np.array([1], np.int64),
+            np.array([2], np.int32), np.array([0.1]))
     with pytest.raises(ValueError, match="branches"):
-        branch_drafts(table, np.array([0], np.int32), ctx, *args, 0)
+        hypothesis_drafts(table, np.array([0], np.int32), ctx, *rest, 0, 6)
     with pytest.raises(ValueError, match="names no tree"):
-        branch_drafts(table, np.array([3], np.int32), ctx, *args, 2)
+        hypothesis_drafts(table, np.array([3], np.int32), ctx, *rest, 2, 6)
+    with pytest.raises(ValueError, match="exceed the hypotheses"):
+        hypothesis_drafts(table, np.array([0], np.int32), ctx, *rest, 2, 2)
+    with pytest.raises(ValueError, match="sound"):
+        hypothesis_drafts(table, np.array([0], np.int32), ctx, *rest[:2],
+                        np.array([3], np.int64), *rest[3:], 2, 6)
     with pytest.raises(TypeError):
-        branch_drafts(table, np.array([0], np.int64), ctx, *args, 2)
+        hypothesis_drafts(table, np.array([0], np.int64), ctx, *rest, 2, 6)
 
 
-def test_accepted_counts_are_none_one_and_all():
-    i, a = hypotheses.accepted_counts(np.array([0, 1, 2, 5]))
-    assert list(zip(i.tolist(), a.tolist())) == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1),
-                                                 (2, 2), (3, 0), (3, 1), (3, 5)]
+def _reference_hypotheses(tree, context, d, k, b, min_prob, branches, alphabet, H):
+    """By definition (the module docstring): pair s of a = (0, 1, k)[s] (each count
+    once), branch j of it is hypothesis s * branches + j, assuming d[:a] then the
+    branch token, with the branch's draft after it."""
+    lengths, drafts = [0] * H, [[0] * len(d) for _ in range(H)]
+    tokens = [[-2] + [-1] * len(d) for _ in range(H)]
+    counts = [0] + ([1] if k >= 1 else []) + ([k] if k >= 2 else [])
+    for s, a in enumerate(counts):
+        if not context and not a:
+            continue
+        exclude = d[a] if a < k else -1
+        got = _reference(tree, (context + d[:a])[-tree.max_depth:], exclude, branches, b,
+                         min_prob, alphabet)
+        for j, x in enumerate(got):
+            h = s * branches + j
+            lengths[h] = a + 1
+            tokens[h] = d[:a] + [x[0]] + [-1] * (len(d) - a)
+            drafts[h][:len(x) - 1] = x[1:1 + len(d)]
+    return lengths, tokens, drafts
 
 
-def test_contexts_and_assemble():
+def test_hypotheses_equal_the_reference():
+    """Every row's hypotheses, their layout, longest draft and fallback against the
+    definition, on random trees; rows that draft nothing or have no tree get none."""
+    rng = random.Random(11)
+    for trial in range(60):
+        trees = [SuffixTree(max_depth=rng.choice([8, 16, 32])) for _ in range(2)]
+        alphabet = rng.randint(2, 5)
+        for t in trees:
+            for s in range(rng.randint(1, 5)):
+                t.insert(s, [rng.randrange(alphabet) for _ in range(rng.randint(5, 50))])
+        n, K = rng.randint(1, 6), rng.randint(1, 5)
+        contexts = [[rng.randrange(alphabet) for _ in range(rng.randint(0, 20))]
+                    for _ in range(n)]
+        d = [[rng.randrange(alphabet) for _ in range(K)] for _ in range(n)]
+        k = [rng.randint(0, K) for _ in range(n)]
+        b = [rng.choice([0, 1, K]) for _ in range(n)]
+        idx = [rng.choice([-1, 0, 1, 1]) for _ in range(n)]
+        p, branches = rng.choice([0.0, 0.2]), rng.randint(1, 3)
+        lengths, tokens, drafts, blen, draft_len, fallback, _ = _call(
+            trees, idx, contexts, d, k, b, p, branches)
+        H = lengths.shape[1]
+        assert H == hypotheses.per_row(np.array(k)[np.array(b) > 0], branches)
+        for i in range(n):
+            if b[i] <= 0 or idx[i] < 0:
+                assert not lengths[i].any() and not drafts[i].any(), (trial, i)
+                assert draft_len[i] == 0 and fallback[i] == 0
+                assert (tokens[i, :, 0] == -2).all() and (tokens[i, :, 1:] == -1).all()
+                continue
+            want = _reference_hypotheses(trees[idx[i]], contexts[i], d[i], k[i], b[i], p,
+                                         branches, alphabet, H)
+            assert lengths[i].tolist() == want[0], (trial, i)
+            assert tokens[i].tolist() == want[1], (trial, i)
+            assert drafts[i].tolist() == want[2], (trial, i)
+            assert draft_len[i] == max([x - 1 for x in blen[i].tolist() if x] or [0])
+            score = [L * H - h % branches if L else -1 for h, L in enumerate(want[0])]
+            assert fallback[i] == int(np.argmax(score)), (trial, i)
+
+
+def test_hypotheses_by_hand():
     """A row verifying drafts (5, 6) in the step on the device has three outcomes to
     hypothesise: none, one or both accepted; the token after a rejected draft is not
     that draft."""
-    ctx = np.array([[1, 2, 0], [3, 0, 0]], np.int32)
-    d = np.array([[5, 6, 0], [0, 0, 0]], np.int32)
-    k = np.array([2, 0])
-    row, a, out, out_len, exclude = hypotheses.contexts(ctx, np.array([2, 1], np.int32), d, k,
-                                                         np.array([0, 1]))
-    assert row.tolist() == [0, 0, 0, 1] and a.tolist() == [0, 1, 2, 0]
-    assert [out[i, :n].tolist() for i, n in enumerate(out_len)] == \
-        [[1, 2], [1, 2, 5], [1, 2, 5, 6], [3]]
-    assert exclude.tolist() == [5, 6, -1, -1]
-    # two branches per pair: (token, draft...)
-    br = np.zeros((4, 2, 3), np.int32)
-    lens = np.zeros((4, 2), np.int32)
-    for p, rows in enumerate([[[7, 8, 9]], [[8, 9]], [[10], [11, 12]], [[4, 4, 4]]]):
-        for j, x in enumerate(rows):
-            br[p, j, :len(x)] = x
-            lens[p, j] = len(x)
-    hyp = hypotheses.assemble(2, 3, row, a, d, br, lens)
-    assert hyp.lengths.tolist() == [[1, 0, 2, 0, 3, 3], [1, 0, 0, 0, 0, 0]]
-    assert hyp.tokens[0, 4].tolist() == [5, 6, 10, 0] and hyp.tokens[0, 5].tolist() == [5, 6, 11, 0]
-    assert hyp.drafts[0, 0].tolist() == [8, 9, 0] and hyp.drafts[0, 5].tolist() == [12, 0, 0]
-    assert hyp.draft_len.tolist() == [2, 2]
-    assert hyp.fallback.tolist() == [4, 0]           # both accepted, the first branch
+    tree = SuffixTree(32)
+    for s, x in enumerate([[1, 2, 5, 6, 7], [1, 2, 8, 9], [1, 2, 5, 3]]):
+        tree.insert(s, x)
+    lengths, tokens, drafts, _, draft_len, fallback, _ = _call(
+        [tree], [0, 0], [[1, 2], [1, 2]], [[5, 6], [5, 6]], [2, 0], [2, 2], 0.0, 2)
+    # row 0: none accepted -> 8 (not 5), then 9; one -> 3 (not 6); both -> 7
+    assert lengths.tolist() == [[1, 0, 2, 0, 3, 0], [1, 1, 0, 0, 0, 0]]
+    assert tokens[0].tolist() == [[8, -1, -1], [-2, -1, -1], [5, 3, -1], [-2, -1, -1],
+                                  [5, 6, 7], [-2, -1, -1]]
+    assert drafts[0, 0].tolist() == [9, 0]
+    # row 1 verifies nothing: its next token is 5 (then 3: a tie with 6, the smaller
+    # token first) or 8 (then 9)
+    assert tokens[1, :2, 0].tolist() == [5, 8]
+    assert drafts[1, :2].tolist() == [[3, 0], [9, 0]]
+    assert draft_len.tolist() == [1, 1] and fallback.tolist() == [4, 0]
+    hyp = hypotheses.Hypotheses(lengths, tokens, drafts, draft_len, fallback)
     # the host's rule: the first hypothesis the sampled tokens equal (-1 padded)
-    sampled = np.array([[5, 8, -1], [4, -1, -1]])
-    assert hypotheses.match(sampled, np.array([2, 1]), hyp).tolist() == [2, 0]
-    assert hypotheses.match(np.array([[5, 6, 12], [3, -1, -1]]), np.array([3, 1]),
-                            hyp).tolist() == [-1, -1]
+    sampled = np.array([[5, 3, -1], [8, -1, -1]])
+    assert hypotheses.match(sampled, hyp).tolist() == [2, 1]
+    assert hypotheses.match(np.array([[5, 6, 9], [3, -1, -1]]), hyp).tolist() == [-1, -1]
+    # the same tokens and more: not this hypothesis (the -1 padding is compared)
+    assert hypotheses.match(np.array([[8, 9, -1], [5, 6, -1]]), hyp).tolist() == [-1, -1]
+    hyp.without(np.array([False, True]))
+    assert hypotheses.match(sampled, hyp).tolist() == [2, -1]
 
 
 def test_device_selection_equals_the_host_rule():
@@ -138,22 +212,29 @@ def test_device_selection_equals_the_host_rule():
     rng = np.random.default_rng(0)
     for _ in range(50):
         n, H, k = rng.integers(1, 9), rng.integers(1, 7), rng.integers(1, 5)
+        width = int(rng.integers(1, k + 2))
+        lengths = rng.integers(0, width + 1, size=(n, H)).astype(np.int32)
+        tokens = np.where(np.arange(k + 1) < lengths[:, :, None],
+                          rng.integers(0, 3, size=(n, H, k + 1)), -1).astype(np.int32)
+        tokens[:, :, 0] = np.where(lengths > 0, tokens[:, :, 0], -2)
         hyp = hypotheses.Hypotheses(
-            lengths=rng.integers(0, k + 2, size=(n, H)).astype(np.int32),
-            tokens=rng.integers(0, 3, size=(n, H, k + 1)).astype(np.int32),
+            lengths=lengths, tokens=tokens,
             drafts=rng.integers(0, 50, size=(n, H, k)).astype(np.int32),
             draft_len=np.zeros(n, np.int32), fallback=rng.integers(0, H, size=n))
-        width = int(rng.integers(1, k + 2))
         counts = rng.integers(1, width + 1, size=n)
         sampled = np.where(np.arange(width) < counts[:, None],
                            rng.integers(0, 3, size=(n, width)), -1)
         discard = rng.random(n) < 0.2
         hyp.without(discard)
-        host = hypotheses.match(sampled, np.where(discard, 0, counts), hyp)
+        host = hypotheses.match(sampled, hyp)
+        # by definition: the first hypothesis whose tokens are the row's sampled ones
+        for i in range(n):
+            want = [h for h in range(H) if hyp.lengths[i, h] == counts[i] and
+                    hyp.tokens[i, h, :counts[i]].tolist() == sampled[i, :counts[i]].tolist()]
+            assert host[i] == (want[0] if want else -1)
         dev = hypotheses.select_on_device(
             torch.from_numpy(sampled),
-            tuple(torch.from_numpy(x) for x in (hyp.lengths, hyp.tokens, hyp.drafts,
-                                                hyp.fallback)))
+            tuple(torch.from_numpy(x) for x in (hyp.tokens, hyp.drafts, hyp.fallback)))
         want = hyp.drafts[np.arange(n), np.where(host >= 0, host, hyp.fallback)]
         assert np.array_equal(dev.numpy(), want)
         assert not (host[discard] >= 0).any()

@@ -195,9 +195,17 @@ def picture(phases: dict[str, list[dict]], path: Path, title: str) -> Path:
     plt = _plt()
     names = list(phases)
     n_phases = len(phases[names[0]])
-    fig, ax = plt.subplots(figsize=(10, 5))
+    fig, ax = plt.subplots(figsize=(12, 5))
     colours = plt.get_cmap("tab10").colors
     width = 0.8 / len(names)
+    labelled: set[str] = set()          # each part named in the legend once, where drawn first
+
+    def label(name: str) -> str | None:
+        if name in labelled:
+            return None
+        labelled.add(name)
+        return name
+
     for e, name in enumerate(names):
         for j, row in enumerate(phases[name]):
             x, bottom = j + (e - (len(names) - 1) / 2) * width, 0.0
@@ -205,20 +213,19 @@ def picture(phases: dict[str, list[dict]], path: Path, title: str) -> Path:
                 ax.text(x, 0.5, f"{name}: no steps", ha="center", va="bottom", fontsize=8,
                         rotation=90)
                 continue
-            for c, label in enumerate(TOP):
-                v = row["parts"][label]
+            for c, part in enumerate(TOP):
+                v = row["parts"][part]
                 ax.bar(x, v, width * 0.9, bottom=bottom, color=colours[c % len(colours)],
-                       label=label if (e, j) == (len(names) - 1, 0) else None)
+                       label=label(part))
                 bottom += v
             ax.hlines(row["gpu_ms"], x - width * 0.45, x + width * 0.45, colors="black",
-                      linewidth=2, label="forward pass (projected)" if (e, j) == (0, 0)
-                      else None)
+                      linewidth=2, label=label("forward pass (projected)"))
             ax.text(x, 0.5, name, ha="center", va="bottom", fontsize=8, rotation=90,
                     color="white")
     ax.set_xticks(range(n_phases), [r["phase"] for r in phases[names[0]]])
     ax.set_ylabel("ms per engine step")
     ax.set_title(title, fontsize=9, wrap=True)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # off the bars
     ax.margins(y=0.25)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

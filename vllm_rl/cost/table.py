@@ -20,6 +20,9 @@ from vllm_rl.checks import check_real as _check_real
 from vllm_rl.cost.base import DEFAULT_SHAPE, TABLES, StepCost
 
 
+FLOOR_MEMO = 256        # TableCost._floor's answers kept (cleared when full)
+
+
 def _cummax(values: Iterable[float]) -> list[float]:
     out, top = [], -math.inf
     for v in values:
@@ -172,6 +175,7 @@ class TableCost(StepCost):
         self.widths = sorted({q for cells in grid.values() for _, q in cells})
         self.batches: dict[int, list[int]] = {}
         self._surfaces = []
+        self._floors: dict[tuple, tuple[float, ...]] = {}   # _floor's recent answers
         for L in self.contexts:
             batches = sorted({B for B, _ in grid[L]})
             missing = [(B, q) for B in batches for q in self.widths if (B, q) not in grid[L]]
@@ -230,12 +234,20 @@ class TableCost(StepCost):
 
     # ------------------------------------------------------------------ evaluation
 
-    def _floor(self, k: int, b: float, qs: Sequence[float]) -> list[float]:
+    def _floor(self, k: int, b: float, qs: Sequence[float]) -> tuple[float, ...]:
         """The k-th context's function at each of ``qs``, floored by the shorter ones': a
         longer context never costs less (where the grids are ragged, one side is
-        extrapolated)."""
-        return [max(col) for col in zip(*(surface.many(b, qs)
-                                          for surface in self._surfaces[:k + 1]))]
+        extrapolated).  Remembered by ``(k, b, qs)`` (:data:`FLOOR_MEMO` answers): a
+        batch cap asks at the same batch and widths step after step, as contexts grow."""
+        key = (k, b, tuple(qs))
+        out = self._floors.get(key)
+        if out is None:
+            if len(self._floors) >= FLOOR_MEMO:
+                self._floors.clear()
+            out = self._floors[key] = tuple(
+                max(col) for col in zip(*(surface.many(b, qs)
+                                          for surface in self._surfaces[:k + 1])))
+        return out
 
     def _at(self, b: float, qs: Sequence[float], L: float) -> list[float]:
         """The step time at batch ``b`` and context ``L`` for each width of ``qs``."""

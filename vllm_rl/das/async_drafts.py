@@ -203,7 +203,7 @@ class AsyncDrafts:
                 else:       # the hypothesis step n bears out, chosen on the device
                     drafts = hypotheses.select_on_device(
                         f.device, tuple(_device(runner, x) for x in
-                                        (hyp.lengths, hyp.tokens, hyp.drafts, hyp.fallback)))
+                                        (hyp.tokens, hyp.drafts, hyp.fallback)))
                 _upload(runner, drafts, self.k_max, f.sched)
                 self._verifying = (rows, ready.drafts if hyp is None else hyp.drafts, counts, f)
             if not cut:
@@ -265,7 +265,7 @@ class AsyncDrafts:
             S, win = self.slots, self._windows
             if f.hyps is not None:     # which of the lookahead's hypotheses the step bore out
                 rows = np.flatnonzero(step.slots >= 0)
-                f.matched = hypotheses.match(arr, lens, f.hyps)
+                f.matched = hypotheses.match(arr, f.hyps)
                 S.guess_ok[step.slots[rows]] = f.matched[rows] >= 0
                 t = self.lookahead_totals
                 t["rows"] += int((f.hyps.lengths > 0).any(axis=1).sum())
@@ -397,20 +397,16 @@ class AsyncDrafts:
 
     def _branches(self, plan: "_Plan") -> hypotheses.Hypotheses:
         """The lookahead's hypotheses for the drafting rows of ``plan`` (one C++ call,
-        :func:`vllm_rl.das.tree.branch_drafts`): per row and count a of its drafts in
-        the step on the device accepted (none, one, all), the ``DASConfig.branches``
-        most frequent next tokens in its tree other than the rejected draft, each with
-        its draft."""
+        :func:`.hypotheses.build`): per row and count a of its drafts in the step on the
+        device accepted (none, one, all), the ``DASConfig.branches`` most frequent next
+        tokens in its tree other than the rejected draft, each with its draft."""
         step, S = plan.step, self.slots
-        rows = np.flatnonzero(step.max_tokens > 0)
-        row, a, ctx, ctx_len, exclude = hypotheses.contexts(
-            plan.contexts, plan.context_len, plan.d, plan.k, rows)
-        seqs = np.where(step.slots >= 0, S.seq[step.safe], -1)[row]
-        out, lens, ns = self.store.branch_drafts(
-            seqs, ctx, ctx_len, exclude, step.max_tokens[row].astype(np.int32),
-            S.min_prob[step.safe][row], self.cfg.branches)
+        seqs = np.where(step.slots >= 0, S.seq[step.safe], -1)
+        hyp, ns = hypotheses.build(self.store, seqs, plan.contexts, plan.context_len, plan.d,
+                                   plan.k, step.max_tokens, S.min_prob[step.safe],
+                                   self.cfg.branches)
         self.host_ns["draft"] += ns
-        return hypotheses.assemble(step.n, self.k_max, row, a, plan.d, out, lens)
+        return hyp
 
     def _take_guess(self, f: "_InFlight", plan: "_Plan", res):
         """The drafts of the step being prepared and, under the lookahead, the

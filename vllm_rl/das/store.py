@@ -34,7 +34,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from vllm_rl.das.tree import BatchDrafts, SuffixTree, TreeTable, branch_drafts, feed_and_draft
+from vllm_rl.das.tree import BatchDrafts, SuffixTree, TreeTable, feed_and_draft, hypothesis_drafts
 
 
 @dataclass
@@ -187,14 +187,17 @@ class ProblemTrees:
         return self.feed_and_draft(seqs, tokens, offsets, feed, np.zeros((n, 1), np.int32),
                                    np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n))
 
-    def branch_drafts(self, seqs: np.ndarray, contexts: np.ndarray, context_len: np.ndarray,
-                      exclude: np.ndarray, max_tokens: np.ndarray, min_prob: np.ndarray,
-                      branches: int):
-        """The lookahead's hypotheses (:func:`vllm_rl.das.tree.branch_drafts`) for rows
+    def hypothesis_drafts(self, seqs: np.ndarray, contexts: np.ndarray,
+                          context_len: np.ndarray, verified: np.ndarray, sound: np.ndarray,
+                          max_tokens: np.ndarray, min_prob: np.ndarray, branches: int,
+                          per_row: int) -> tuple:
+        """The lookahead's hypotheses (:func:`vllm_rl.das.tree.hypothesis_drafts`) for rows
         drafting from the trees of their rollouts ``seqs`` (int64; -1 or unknown: no
         branches)."""
-        return branch_drafts(self.table, self._tree_index(np.asarray(seqs, dtype=np.int64)),
-                             contexts, context_len, exclude, max_tokens, min_prob, branches)
+        return hypothesis_drafts(self.table,
+                                 self._tree_index(np.asarray(seqs, dtype=np.int64)), contexts,
+                                 context_len, verified, sound, max_tokens, min_prob, branches,
+                                 per_row)
 
     def _tree_index(self, seqs: np.ndarray) -> np.ndarray:
         """Each rollout's tree in the table (int32; -1: none, or an unknown id)."""

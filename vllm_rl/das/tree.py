@@ -120,21 +120,27 @@ def feed_and_draft(trees, tree_idx, seq_ids, tokens, offsets, feed, contexts, co
                                           backoff))
 
 
-def branch_drafts(trees, tree_idx, contexts, context_len, exclude, max_tokens, min_prob,
-                  branches: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The lookahead's hypotheses for many rows in one C++ call without the GIL
-    (:mod:`vllm_rl.das.hypotheses`): row ``i`` (``trees[tree_idx[i]]``; a negative index
-    or ``max_tokens[i] < 0`` skips it) gets the ``branches`` most frequent continuations
-    of ``contexts[i, :context_len[i]]``'s longest suffix that continues with a token
-    other than ``exclude[i]`` (< 0: any), each followed by its draft of at most
-    ``max_tokens[i]`` tokens at ``min_prob[i]`` (cumulative after the branch), ties to
-    the smaller token as ``tree.draft``.  Returns ``(out, lens, ns)``: ``out[i, j, 0]``
-    is branch ``j``, ``out[i, j, 1:lens[i, j]]`` its draft (``lens[i, j] == 0``: no
-    such branch), ``ns`` the call's CPU time.  Exact dtypes as :func:`feed_and_draft`
-    (int32 ``exclude``)."""
-    return _C.branch_drafts(trees, tree_idx, contexts, context_len, exclude, max_tokens,
-                            min_prob, branches)
+def hypothesis_drafts(trees, tree_idx, contexts, context_len, verified, sound, max_tokens, min_prob,
+                      branches: int, per_row: int) -> tuple:
+    """The lookahead's hypotheses for many rows in one C++ call without the GIL,
+    assembled (:mod:`vllm_rl.das.hypotheses`).  Row ``i`` (``trees[tree_idx[i]]``; a
+    negative index: none) with ``max_tokens[i] > 0`` verifies ``verified[i,
+    :sound[i]]`` in the step on the device.  For ``a`` in 0, 1 and ``sound[i]`` (each
+    once; pair ``s`` = 0, 1, 2 in that order) it gets the ``branches`` most frequent
+    continuations of ``contexts[i, :context_len[i]] + verified[i, :a]``'s longest suffix
+    that continues with a token other than ``verified[i, a]`` (when ``a < sound[i]``),
+    each followed by its draft of at most ``max_tokens[i]`` tokens at ``min_prob[i]``
+    (cumulative after the branch), ties to the smaller token as ``tree.draft``: branch
+    ``j`` of pair ``s`` is hypothesis ``s * branches + j`` of ``per_row``.  Returns
+    ``(lengths, tokens, drafts, branch_len, draft_len, fallback, ns)``: per row and
+    hypothesis the tokens it assumes (``a + 1``; 0: none) and those tokens
+    (``verified[i, :a]``, the branch), the draft after them (zero padded) and 1 + its
+    length; per row its longest draft and its fallback (the most tokens assumed, the
+    first branch among equals); ``ns`` the call's CPU time.  Exact dtypes as
+    :func:`feed_and_draft` (int32 ``verified``, int64 ``sound``)."""
+    return _C.hypothesis_drafts(trees, tree_idx, contexts, context_len, verified, sound, max_tokens,
+                                min_prob, branches, per_row)
 
 
 __all__ = ["SuffixTree", "Draft", "UnknownSequenceError", "draft_many", "TreeTable",
-           "BatchDrafts", "branch_drafts", "feed_and_draft", "draft_lists"]
+           "BatchDrafts", "feed_and_draft", "draft_lists", "hypothesis_drafts"]
