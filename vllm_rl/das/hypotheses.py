@@ -76,8 +76,8 @@ class Hypotheses:
 
 def per_row(k: np.ndarray, branches: int) -> int:
     """H, the hypotheses per row of a step whose drafting rows verify ``k`` sound drafts
-    each in the step on the device: ``branches`` for each of the most accepted counts a
-    row hypothesises (0, 1 and k, each once: 1 + [k >= 1] + [k >= 2])."""
+    each in the step on the device: ``branches`` per accepted count hypothesised (0, 1
+    and k, each once: 1 + [k >= 1] + [k >= 2] counts), for the row with the most."""
     pairs = 1 + int((k >= 1).any()) + int((k >= 2).any()) if len(k) else 1
     return pairs * branches
 
