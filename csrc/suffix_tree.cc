@@ -848,6 +848,15 @@ int64_t now_ns() {
   throw std::invalid_argument("row " + std::to_string(i) + ": " + what);
 }
 
+// The lookahead's accepted counts of a row verifying k sound drafts: 0, 1 and k, each
+// once (HypothesisRows); returns how many, written to `counts`.
+int accepted_counts(int64_t k, int64_t counts[3]) {
+  counts[0] = 0;
+  counts[1] = std::min<int64_t>(k, 1);
+  counts[2] = k;
+  return 1 + (k >= 1) + (k >= 2);
+}
+
 }  // namespace
 
 bool SuffixTree::can_extend(SeqId id) const {
@@ -952,8 +961,8 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
   for (size_t i = 0; i < r.rows; ++i) {
     if (r.max_tokens[i] <= 0) continue;
     if (r.sound[i] < 0 || r.sound[i] > K) bad_row(i, "sound must be in [0, k_max]");
-    const int pairs = 1 + (r.sound[i] >= 1) + (r.sound[i] >= 2);
-    if (pairs * B > H) bad_row(i, "its pairs times branches exceed the hypotheses per row");
+    int64_t counts[3];
+    if (accepted_counts(r.sound[i], counts) * B > H) bad_row(i, "its pairs times branches exceed the hypotheses per row");
     const int32_t t = r.tree[i];
     if (t < 0) continue;
     if (static_cast<size_t>(t) >= num_trees || !trees[t])
@@ -990,8 +999,8 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
       const Token* d = r.verified + static_cast<int64_t>(i) * r.verified_stride;
       const Token* row = r.context + static_cast<int64_t>(i) * r.stride;
       const size_t n = static_cast<size_t>(r.context_len[i]);
-      const int64_t counts[3] = {0, std::min<int64_t>(k, 1), k};
-      const int pairs = 1 + (k >= 1) + (k >= 2);
+      int64_t counts[3];
+      const int pairs = accepted_counts(k, counts);
       for (int s = 0; s < pairs; ++s) {
         const int64_t a = counts[s];
         const size_t total = n + static_cast<size_t>(a);
