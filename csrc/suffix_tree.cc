@@ -195,9 +195,10 @@ void SuffixTree::ends_erase(Node* v, uint32_t idx) {
 // ---------------------------------------------------------------------------------------
 // Sequences: a directory sorted by id.
 
-SuffixTree::SuffixTree(int max_depth) : max_depth_(max_depth) {
+SuffixTree::SuffixTree(int max_depth, double prior) : max_depth_(max_depth), prior_(prior) {
   if (max_depth < 1 || max_depth > kMaxDepthLimit)
     throw std::invalid_argument("max_depth must be in [1, 65535]");
+  if (!(prior >= 0.0 && prior <= 1e6)) throw std::invalid_argument("prior must be in [0, 1e6]");
   bytes_ = sizeof(*this);
 }
 
@@ -592,16 +593,20 @@ int SuffixTree::draft_into(const Token* context, size_t n, int max_tokens, doubl
 // The draft from the locus `at` of a context suffix of length m (b = min(max_tokens, D)
 // >= 1): everything after the suffix search of draft_into.
 int SuffixTree::draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, Token* out,
-                           double* probs, int* match_len, int64_t* match_count) const {
+                           double* probs, int* match_len, int64_t* match_count,
+                           double prob) const {
   *match_len = static_cast<int>(m);
   *match_count = at.node->count;
   if (m == 0) return 0;
   const uint32_t budget = std::min<uint32_t>(b, max_depth_ - m);
   const Node* v = at.node;
   uint32_t off = at.off, len = 0;
-  double prob = 1.0;
+  if (prob < min_prob) return 0;
   while (len < budget) {
-    if (off < v->len) {  // inside an edge the continuation is certain
+    if (off < v->len) {  // inside an edge: the one continuation seen, next_prob(n, n)
+      const double p = prob * next_prob(v->count, v->count);
+      if (p < min_prob) break;
+      prob = p;
       if (probs) probs[len] = prob;
       out[len++] = label(v)[off++];
       continue;
@@ -611,11 +616,13 @@ int SuffixTree::draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, To
     const Node* best = ch[0];  // children ascend by token: strict '>' keeps the smallest
     for (uint32_t i = 1; i < v->nchild; ++i)
       if (ch[i]->count > best->count) best = ch[i];
-    const double p = prob * (static_cast<double>(best->count) / static_cast<double>(v->count));
+    const double p = prob * next_prob(best->count, v->count);
     if (p < min_prob) break;
     prob = p;
     v = best;
-    off = 0;
+    if (probs) probs[len] = prob;  // the child's first token is the one just chosen
+    out[len++] = label(v)[0];
+    off = 1;
   }
   return static_cast<int>(len);
 }
@@ -626,7 +633,7 @@ int SuffixTree::draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, To
 // it), so the longest suffix that has one is bisected as in draft_into's backoff.
 int SuffixTree::branch_into(const Token* context, size_t n, Token exclude, int branches,
                             int max_tokens, double min_prob, Token* out, int width,
-                            int32_t* lens) const {
+                            int32_t* lens, double scale) const {
   for (int j = 0; j < branches; ++j) lens[j] = 0;
   if (branches <= 0 || width < 1 || max_tokens < 0) return 0;
   const uint32_t b = static_cast<uint32_t>(
@@ -648,16 +655,21 @@ int SuffixTree::branch_into(const Token* context, size_t n, Token exclude, int b
   Token tok[kMaxBranches];
   Locus next[kMaxBranches];
   uint32_t cnt[kMaxBranches];
+  uint32_t total = at.node->count;  // occurrences continuing other than with `exclude`
   int got = 0;
   if (at.off < at.node->len) {
     tok[0] = label(at.node)[at.off];
     next[0] = Locus{at.node, at.off + 1};
+    cnt[0] = at.node->count;
     got = 1;
   } else {
     Node* const* ch = kids(at.node);
     for (uint32_t i = 0; i < at.node->nchild; ++i) {
       const Token t = at.node->ctok[i];
-      if (t == exclude) continue;
+      if (t == exclude) {
+        total -= ch[i]->count;
+        continue;
+      }
       const uint32_t c = ch[i]->count;
       int pos = got < want ? got : want;
       while (pos > 0 && cnt[pos - 1] < c) --pos;
@@ -679,11 +691,36 @@ int SuffixTree::branch_into(const Token* context, size_t n, Token exclude, int b
     int match_len = 0;
     int64_t match_count = 0;
     const int len = b ? draft_from(next[j], m + 1, b, min_prob, o + 1, nullptr, &match_len,
-                                   &match_count)
+                                   &match_count, scale * next_prob(cnt[j], total))
                       : 0;
     lens[j] = 1 + len;
   }
   return got;
+}
+
+void SuffixTree::path_probs(const Token* context, size_t n, const Token* d, int k,
+                            double* q) const {
+  std::fill(q, q + std::max(k, 0), 0.0);
+  if (k <= 0) return;
+  Locus at;
+  const uint32_t m = longest_suffix(context, n, std::max(max_depth_ - k, 1), &at);
+  if (m == 0) return;
+  const Node* v = at.node;
+  uint32_t off = at.off;
+  for (int j = 0; j < k && m + static_cast<uint32_t>(j) < static_cast<uint32_t>(max_depth_);
+       ++j) {
+    if (off < v->len) {  // inside an edge: the one continuation seen
+      if (label(v)[off] != d[j]) return;
+      q[j] = next_prob(v->count, v->count);
+      ++off;
+      continue;
+    }
+    const Node* c = find_child(v, d[j], nullptr);
+    if (!c) return;
+    q[j] = next_prob(c->count, v->count);
+    v = c;
+    off = 1;
+  }
 }
 
 // draft_into(context, n, max_tokens, min_prob, backoff = true, ...) for a context whose
@@ -984,6 +1021,7 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
   std::fill(r.draft_len, r.draft_len + r.rows, 0);
   std::vector<Token> ctx, out(static_cast<size_t>(B) * r.width);
   std::vector<int32_t> lens(B);
+  std::vector<double> q;
   std::shared_lock<std::shared_mutex> lock;
   const SuffixTree* held = nullptr;
   for (size_t i = 0; i < r.rows; ++i) {
@@ -1001,8 +1039,13 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
       const size_t n = static_cast<size_t>(r.context_len[i]);
       int64_t counts[3];
       const int pairs = accepted_counts(k, counts);
+      // each count's probability by the tree: the first a drafts, then not d[a] (a < k)
+      q.resize(static_cast<size_t>(std::max<int64_t>(k, 1)));
+      t->path_probs(row, n, d, static_cast<int>(k), q.data());
       for (int s = 0; s < pairs; ++s) {
         const int64_t a = counts[s];
+        double chance = a < k ? 1.0 - q[a] : 1.0;
+        for (int64_t j = 0; j < a; ++j) chance *= q[j];
         const size_t total = n + static_cast<size_t>(a);
         if (total == 0) continue;
         // the last max_depth tokens of context + d[:a]
@@ -1014,7 +1057,7 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
         }
         const Token exclude = a < k ? d[a] : -1;
         t->branch_into(ctx.data(), keep, exclude, B, r.max_tokens[i], r.min_prob[i],
-                       out.data(), r.width, lens.data());
+                       out.data(), r.width, lens.data(), chance);
         for (int j = 0; j < B; ++j) {
           if (lens[j] <= 0) continue;
           const int64_t h = static_cast<int64_t>(s) * B + j;

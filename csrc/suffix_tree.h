@@ -138,7 +138,8 @@ class SuffixTree {
  public:
   static constexpr int kMaxDepthLimit = 65535;
 
-  explicit SuffixTree(int max_depth = 64);
+  // prior: λ >= 0 added to each count a draft's probability divides by (see draft_from).
+  explicit SuffixTree(int max_depth = 64, double prior = 0.0);
   ~SuffixTree();
   SuffixTree(const SuffixTree&) = delete;
   SuffixTree& operator=(const SuffixTree&) = delete;
@@ -169,6 +170,13 @@ class SuffixTree {
                                  const std::vector<int>& max_tokens, double min_prob) const;
 
   int max_depth() const { return max_depth_; }
+  double prior() const { return prior_; }
+  // The probability that the next token is a continuation seen `count` times among the
+  // `total` occurrences of its context: count / (total + λ) (λ = 1: PPM's method A,
+  // which keeps 1 / (total + 1) for a token never seen there).
+  double next_prob(uint32_t count, uint32_t total) const {
+    return static_cast<double>(count) / (static_cast<double>(total) + prior_);
+  }
   // The sequence id a batch row may extend: unknown (created on append) or growing.
   bool can_extend(SeqId id) const;
   int64_t num_nodes() const;  // explicit nodes, root included (an empty tree has 1)
@@ -249,9 +257,10 @@ class SuffixTree {
   // null); out must hold min(max_tokens, max_depth) tokens.  Returns len.
   int draft_into(const Token* context, size_t n, int max_tokens, double min_prob, bool backoff,
                  Token* out, double* probs, int* match_len, int64_t* match_count) const;
-  // The rest of draft_into from the locus of its suffix of length m; b >= 1.
+  // The rest of draft_into from the locus of its suffix of length m; b >= 1.  The draft's
+  // cumulative probability starts at prob (a branch's own, branch_into).
   int draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, Token* out, double* probs,
-                 int* match_len, int64_t* match_count) const;
+                 int* match_len, int64_t* match_count, double prob = 1.0) const;
   // draft_into with backoff for a context that ends like the growing sequence `id`, from
   // that sequence's active list; -1 when undecided there (then call draft_into).
   int draft_from_active(SeqId id, const Token* context, size_t n, int max_tokens,
@@ -259,11 +268,18 @@ class SuffixTree {
                         int64_t* match_count) const;
   // The `branches` most frequent continuations of the context's longest suffix that
   // continues with a token other than `exclude` (< 0: any token), each followed by its
-  // draft of at most max_tokens tokens from min_prob (cumulative after the branch):
+  // draft of at most max_tokens tokens from min_prob (cumulative from the branch's own
+  // probability, next_prob among the continuations other than `exclude`):
   // branch j at out[j * width] and its draft after it, lens[j] = 1 + draft length (0: no
   // j-th branch).  Ties: the smaller token first, as draft_from.  Returns the branches.
+  // `scale` multiplies every branch's probability (the chance of the outcome it follows).
   int branch_into(const Token* context, size_t n, Token exclude, int branches, int max_tokens,
-                  double min_prob, Token* out, int width, int32_t* lens) const;
+                  double min_prob, Token* out, int width, int32_t* lens,
+                  double scale = 1.0) const;
+  // q[j]: the tree's probability of d[j] after the context and d[0, j) (next_prob along
+  // the context's longest suffix of at most D - k tokens; 0 from the first token not
+  // seen there, and for every token when no suffix is stored).
+  void path_probs(const Token* context, size_t n, const Token* d, int k, double* q) const;
   static bool continues(const Locus& l) { return l.off < l.node->len || l.node->nchild > 0; }
   Draft draft_unlocked(const std::vector<Token>& context, int max_tokens, double min_prob,
                        bool backoff = false) const;
@@ -292,6 +308,7 @@ class SuffixTree {
                             const HypothesisRows& rows);
 
   const int max_depth_;
+  const double prior_;
   Node root_;
   DirEntry* dir_ = nullptr;  // sorted by id
   uint32_t ndir_ = 0;

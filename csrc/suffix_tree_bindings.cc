@@ -241,8 +241,10 @@ void bind_suffix_tree(py::module_& m) {
       });
 
   py::class_<SuffixTree>(m, "SuffixTree", kTreeDoc)
-      .def(py::init<int>(), py::arg("max_depth") = 64,
-           "Empty tree; strings are indexed up to ``max_depth`` tokens (1..65535).")
+      .def(py::init<int, double>(), py::arg("max_depth") = 64, py::arg("prior") = 0.0,
+           "Empty tree; strings are indexed up to ``max_depth`` tokens (1..65535).  A draft's "
+           "probabilities add ``prior`` (λ) to each count they divide by: count / (total + λ).")
+      .def_property_readonly("prior", &SuffixTree::prior)
       .def("extend", &SuffixTree::extend, py::arg("seq_id"), py::arg("tokens"), ReleaseGil(),
            "Append tokens to a growing sequence, creating it if new (O(max_depth) per token).")
       .def("insert", &SuffixTree::insert, py::arg("seq_id"), py::arg("tokens"), ReleaseGil(),

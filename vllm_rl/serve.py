@@ -19,6 +19,8 @@ import json
 import os
 import sys
 
+from vllm_rl.das.config import BATCH_CAPS
+
 PROG = "python -m vllm_rl.serve"
 USAGE = "{prog} MODEL [--das ...] [--arrol] [--stock] [any vllm serve option]"
 DESCRIPTION = ("The OpenAI-compatible server (vLLM's `serve`) on the RL engine.  Every "
@@ -45,9 +47,10 @@ def parser(prog: str = PROG, usage: str = USAGE,
                     help="DAS draft budget b (the engine drafts up to 2b tokens); implies --das")
     ap.add_argument("--das-policy", choices=("class", "optimal", "fixed"), default=None,
                     help="DAS default budget policy for requests that name none; implies --das")
-    ap.add_argument("--das-batch-cap", choices=("cost", "phase", "linear"), default=None,
-                    help="DAS batch cap (default cost; phase: per-request draft lengths "
-                         "from the step-cost model); implies --das")
+    ap.add_argument("--das-batch-cap", choices=BATCH_CAPS, default=None,
+                    help="DAS batch cap (default confidence: each draft cut at the price "
+                         "of a draft token on the step-cost model; cost: one length per "
+                         "step; phase: per-request lengths); implies --das")
     ap.add_argument("--arrol", action="store_true",
                     help="start ARRoL's quality head (V1 model runner; cold start until a "
                          "calibration arrives on POST /vllm_rl/arrol)")

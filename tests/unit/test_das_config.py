@@ -8,7 +8,11 @@ from vllm_rl.das.config import CONFIG_KEY, PROPOSER, DASConfig, default_problem_
 
 def test_defaults_and_engine_kwargs():
     cfg = DASConfig.of(True)
-    assert (cfg.budget, cfg.window, cfg.min_prob) == (4, 16, 0.1)
+    assert (cfg.budget, cfg.window, cfg.min_prob, cfg.prior) == (4, 16, None, 0.5)
+    # the confidence cap (the default) cuts at its own price; the others at 0.1
+    assert cfg.batch_cap == "confidence" and cfg.draft_cutoff == 0.0
+    assert DASConfig(batch_cap="cost").draft_cutoff == 0.1
+    assert DASConfig(batch_cap="cost", min_prob=0.3).draft_cutoff == 0.3
     kw = cfg.engine_kwargs()
     assert kw["speculative_config"] == {"method": "custom_class", "model": PROPOSER,
                                         "num_speculative_tokens": 8}
@@ -35,6 +39,7 @@ def test_scheduling_follows_das_async_and_the_cpu_key():
 
 @pytest.mark.parametrize("bad", [{"budget": 0}, {"budget": 33}, {"window": 0},
                                  {"max_depth": 1}, {"full_batch": 9, "off_batch": 8}, {"min_prob": 2.0},
+                                 {"prior": -1.0}, {"batch_cap": "nope"},
                                  {"c_tok_ms": 0.0}, {"history": 0},
                                  {"windw": 3}])
 def test_bad_settings_are_rejected(bad):

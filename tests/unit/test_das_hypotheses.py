@@ -15,7 +15,7 @@ from vllm_rl.das.tree import hypothesis_drafts
 
 
 def _reference(tree: SuffixTree, context: list[int], exclude: int, branches: int, b: int,
-               min_prob: float, alphabet: int) -> list[list[int]]:
+               min_prob: float, alphabet: int, chance: float = 1.0) -> list[list[int]]:
     """By definition: the longest context suffix (<= D - b - 1, b < D) followed by some
     token other than ``exclude``; its ``branches`` most frequent such tokens (the
     smaller first among equals), each followed by the draft from the suffix and that
@@ -30,9 +30,33 @@ def _reference(tree: SuffixTree, context: list[int], exclude: int, branches: int
         if tree.count(suffix) and counts:
             top = sorted(counts, key=lambda t: (-counts[t], t))[:branches]
             room = min(b, D - m - 1)
-            return [[t] + (tree.draft(suffix + [t], room, min_prob) if room else [])
+            # a branch's probability: its count among the continuations other than exclude
+            total = tree.count(suffix) - (tree.count(suffix + [exclude]) if exclude >= 0 else 0)
+            return [[t] + _draft(tree, suffix + [t], room, min_prob,
+                                 chance * (counts[t] / (total + tree.prior)), alphabet)
                     for t in top]
     return []
+
+
+def _draft(tree, s, room, min_prob, prob, alphabet):
+    """The most frequent continuation of ``s`` (the smaller token among equals) while the
+    cumulative probability from ``prob`` stays >= ``min_prob``: count / (context's + λ)."""
+    out = []
+    if prob < min_prob:
+        return out
+    while len(out) < room:
+        counts = {t: tree.count(s + [t]) for t in range(alphabet)}
+        counts = {t: c for t, c in counts.items() if c}
+        if not counts:
+            break
+        t = min(counts, key=lambda t: (-counts[t], t))
+        p = prob * (counts[t] / (tree.count(s) + tree.prior))
+        if p < min_prob:
+            break
+        prob = p
+        out.append(t)
+        s = s + [t]
+    return out
 
 
 def _call(trees, tree_idx, contexts, d, k, b, min_prob, branches):
@@ -69,7 +93,7 @@ def _branches(tree, contexts, exclude, b, min_prob, branches):
 def test_branches_equal_the_reference():
     rng = random.Random(3)
     for trial in range(80):
-        tree = SuffixTree(max_depth=rng.choice([8, 16, 32]))
+        tree = SuffixTree(max_depth=rng.choice([8, 16, 32]), prior=rng.choice([0.0, 1.0]))
         alphabet = rng.randint(2, 6)
         for s in range(rng.randint(1, 5)):
             tree.insert(s, [rng.randrange(alphabet) for _ in range(rng.randint(5, 60))])
@@ -79,8 +103,10 @@ def test_branches_equal_the_reference():
         b, p, branches = rng.choice([1, 3, 8]), rng.choice([0.0, 0.1, 0.5]), rng.randint(1, 3)
         got = _branches(tree, contexts, exclude, b, p, branches)
         for i, c in enumerate(contexts):
-            assert got[i] == _reference(tree, c, exclude[i], branches, b, p, alphabet), \
-                (trial, i)
+            # the row verifies [exclude]: the branches follow its rejection
+            chance = 1.0 - _path_probs(tree, c, [exclude[i]])[0] if exclude[i] >= 0 else 1.0
+            assert got[i] == _reference(tree, c, exclude[i], branches, b, p, alphabet,
+                                        chance), (trial, i)
 
 
 def test_hand_example():
@@ -94,6 +120,8 @@ def test_hand_example():
     assert got == [[[4, 5], [9, 9]], [[9, 9]], [[4, 5]], []]
     # one token of the draft after the branch: ties go to the smaller token (5 before 6)
     assert _branches(tree, [[2, 3]], [-1], 4, 0.0, 3) == [[[4, 5], [8], [9, 9]]]
+    # a draft's probability starts at its branch's: 4 is 2/3 and 4 5 is 1/3, 9 is 1/3
+    assert _branches(tree, [[1, 2, 3]], [-1], 4, 0.5, 3) == [[[4], [9]]]
 
 
 def test_bad_arguments():
@@ -118,16 +146,21 @@ def test_bad_arguments():
 def _reference_hypotheses(tree, context, d, k, b, min_prob, branches, alphabet, H):
     """By definition (the module docstring): pair s of a = (0, 1, k)[s] (each count
     once), branch j of it is hypothesis s * branches + j, assuming d[:a] then the
-    branch token, with the branch's draft after it."""
+    branch token, with the branch's draft after it, its probability starting at the
+    count's chance (:func:`_path_probs`)."""
     lengths, drafts = [0] * H, [[0] * len(d) for _ in range(H)]
     tokens = [[-2] + [-1] * len(d) for _ in range(H)]
     counts = [0] + ([1] if k >= 1 else []) + ([k] if k >= 2 else [])
+    q = _path_probs(tree, context, d[:k])
     for s, a in enumerate(counts):
         if not context and not a:
             continue
         exclude = d[a] if a < k else -1
+        chance = 1.0 - q[a] if a < k else 1.0
+        for j in range(a):
+            chance *= q[j]
         got = _reference(tree, (context + d[:a])[-tree.max_depth:], exclude, branches, b,
-                         min_prob, alphabet)
+                         min_prob, alphabet, chance)
         for j, x in enumerate(got):
             h = s * branches + j
             lengths[h] = a + 1
@@ -136,12 +169,33 @@ def _reference_hypotheses(tree, context, d, k, b, min_prob, branches, alphabet, 
     return lengths, tokens, drafts
 
 
+def _path_probs(tree, context, d):
+    """Each draft token's probability after the context and the drafts before it: along
+    the context's longest stored suffix of at most D - k tokens, count over its
+    context's count plus λ; 0 from the first one not stored (and all with no suffix)."""
+    k, D = len(d), tree.max_depth
+    q = [0.0] * k
+    cap = max(D - k, 1)
+    m = next((m for m in range(min(len(context), cap), 0, -1)
+              if tree.count(context[-m:])), 0)
+    if not m:
+        return q
+    s = context[-m:]
+    for j in range(k):
+        if m + j >= D or not tree.count(s + [d[j]]):
+            break
+        q[j] = tree.count(s + [d[j]]) / (tree.count(s) + tree.prior)
+        s = s + [d[j]]
+    return q
+
+
 def test_hypotheses_equal_the_reference():
     """Every row's hypotheses, their layout, longest draft and fallback against the
     definition, on random trees; rows that draft nothing or have no tree get none."""
     rng = random.Random(11)
     for trial in range(60):
-        trees = [SuffixTree(max_depth=rng.choice([8, 16, 32])) for _ in range(2)]
+        trees = [SuffixTree(max_depth=rng.choice([8, 16, 32]), prior=rng.choice([0.0, 1.0]))
+                 for _ in range(2)]
         alphabet = rng.randint(2, 5)
         for t in trees:
             for s in range(rng.randint(1, 5)):

@@ -18,6 +18,9 @@ PROMPT = [7, 8, 9]
 
 
 def _proposer(**cfg):
+    # the mechanics below on the trees' raw counts (a one-rollout tree drafts with
+    # probability 1); the prior's cut has its own tests (batch_cap="confidence")
+    cfg.setdefault("prior", 0.0)
     spec = SimpleNamespace(method="custom_class", model=PROPOSER, num_speculative_tokens=8)
     return DASProposer(SimpleNamespace(speculative_config=spec,
                                        additional_config={CONFIG_KEY: cfg},
@@ -193,7 +196,8 @@ def _phase_proposer():
     spec = SimpleNamespace(method="custom_class", model=PROPOSER, num_speculative_tokens=8)
     return DASProposer(SimpleNamespace(
         speculative_config=spec,
-        additional_config={CONFIG_KEY: {"batch_cap": "phase"}, "vllm_rl_cost": "h100:qwen3-8b"},
+        additional_config={CONFIG_KEY: {"batch_cap": "phase", "prior": 0.0},
+                           "vllm_rl_cost": "h100:qwen3-8b"},
         model_config=SimpleNamespace(max_model_len=512)))
 
 
@@ -268,6 +272,64 @@ def test_phase_cap_keeps_the_policy_budget_as_a_ceiling():
     runner.add("b0", _request({"problem_id": "P", "budget": 0}, max_tokens=200))
     drafts = runner.step(p, {"b1": [11], "b0": [11]})
     assert len(drafts["b1"]) == 2 and drafts["b0"] == []          # fixed policy: 2b
+
+
+# ------------------------------------------- batch_cap="confidence" (the H100 table)
+
+
+def _confidence_proposer(**cfg):
+    spec = SimpleNamespace(method="custom_class", model=PROPOSER, num_speculative_tokens=8)
+    return DASProposer(SimpleNamespace(
+        speculative_config=spec,
+        additional_config={CONFIG_KEY: {"batch_cap": "confidence", **cfg},
+                           "vllm_rl_cost": "h100:qwen3-8b"},
+        model_config=SimpleNamespace(max_model_len=512)))
+
+
+def test_confidence_cap_prices_a_draft_token_on_the_table():
+    """τ = B (t(w + 1) − t(w)) / t(0): nearly free on a small batch, more than half a
+    token on a full one (the H100 table: a wide step is compute-bound)."""
+    p = _confidence_proposer()
+    p._context = 300.0
+    prices = {b: p._draft_price(b) for b in (1, 16, 128, 512, 1024)}
+    t0, t1 = p.cost.width_curve(512, [1.0, 2.0], 300.0)
+    assert prices[512] == (t1 - t0) / t0
+    assert prices[1] < 0.05 < prices[128] < prices[512] <= prices[1024] < 1.0
+    p._width = 1.5                       # the last step verified 1.5 drafts a row: t(2) → t(3)
+    t0, t2, t3 = p.cost.width_curve(128, [1.0, 2.0, 3.0], 300.0)
+    assert p._draft_price(128) == (t3 - t2) / t0
+
+
+def test_confidence_cap_cuts_each_draft_at_its_price():
+    """Every row drafts its budget and stops where the tree's probability (count over its
+    context's plus λ) falls below the step's price: long on one row, short on 600."""
+    got = {}
+    for n in (1, 600):
+        p, runner = _confidence_proposer(prior=1.0), Runner()
+        rows = [f"r{i}" for i in range(n)]
+        rollouts = [ROLLOUT + [EOS]] * 3 + [ROLLOUT[:6] + [99, 98, 97, EOS]]
+        for rid in rows:
+            p.prebuild(rid, rollouts, PROMPT)
+            runner.add(rid, _request({"problem_id": rid}, max_tokens=200))
+        drafts = runner.step(p, {rid: [ROLLOUT[0]] for rid in rows})
+        t0, t1 = p.cost.width_curve(n, [1.0, 2.0], p._context)    # the first step: w = 0
+        tree = p.store.problems[rows[0]].tree
+        want = tree.draft(PROMPT + [ROLLOUT[0]], 8, (t1 - t0) / t0, True)
+        assert all(d == want for d in drafts.values()), n
+        assert tree.prior == 1.0 and p.requests[rows[0]].min_prob == 0.0
+        got[n] = len(want)
+    assert got[1] == 8 and 0 < got[600] < 4
+
+
+def test_confidence_cap_keeps_a_requests_own_cutoff():
+    """A request's das.min_prob is a floor under the cap's price."""
+    p, runner = _confidence_proposer(prior=1.0), Runner()
+    p.prebuild("P", [ROLLOUT + [EOS]] * 3, PROMPT)
+    runner.add("r", _request({"problem_id": "P", "min_prob": 0.4}, max_tokens=200))
+    drafts = runner.step(p, {"r": [ROLLOUT[0]]})
+    # the context occurs 4 times (its own rollout too), 3 continue: 3/5 = 0.6, then
+    # 0.6 · 3/4 = 0.45 ≥ 0.4, then 0.34 < 0.4
+    assert drafts["r"] == ROLLOUT[1:3]
 
 
 # ------------------------------------------------ async scheduling (patches/model_runner/das_async.py)

@@ -21,8 +21,9 @@ from vllm_rl.das import SuffixTree, UnknownSequenceError, draft_many
 class Reference:
     """Brute force: the stored sequences, and every substring of length <= D counted."""
 
-    def __init__(self, max_depth: int):
+    def __init__(self, max_depth: int, prior: float = 0.0):
         self.D = max_depth
+        self.prior = prior
         self.seqs: dict[int, list[int]] = {}
         self.growing: set[int] = set()
 
@@ -73,7 +74,8 @@ class Reference:
         return m, (idx[0][tuple(context[len(context) - m:])] if m else self.num_tokens())
 
     def draft(self, idx, context, max_tokens, min_prob):
-        """Greedy most-frequent continuation; the cutoff is on the cumulative probability."""
+        """Greedy most-frequent continuation; the cutoff is on the cumulative probability,
+        each token's count over its context's plus the prior λ."""
         cnt, _, kids = idx
         b = min(max_tokens, self.D)
         if b <= 0:
@@ -85,7 +87,7 @@ class Reference:
         tokens, probs, prob = [], [], 1.0
         while len(tokens) < min(b, self.D - m) and kids.get(s):
             t = min(kids[s], key=lambda t: (-cnt[s + (t,)], t))
-            p = prob * (cnt[s + (t,)] / cnt[s])
+            p = prob * (cnt[s + (t,)] / (cnt[s] + self.prior))
             if p < min_prob:
                 break
             prob = p
@@ -140,7 +142,8 @@ def random_ops(seed: int, steps: int, check_every: int):
     D = rng.choice([1, 2, 3, 4, 6, 8])
     alphabet = rng.choice([[0], [0, 1], [0, 1, 2], list(range(5)), list(range(20)),
                            list(range(60)), [-2**31, -1, 0, 2**31 - 1]])
-    tree, ref = SuffixTree(D), Reference(D)
+    prior = rng.choice([0.0, 0.0, 0.5, 1.0])
+    tree, ref = SuffixTree(D, prior), Reference(D, prior)
     next_id = rng.randint(-5, 5)
     for step in range(steps):
         op = rng.random()
@@ -193,6 +196,23 @@ def test_hand_example_draft_and_cutoff():
     assert tree.draft([a], 4, 0.0) == [b, c]        # nothing follows c
     assert tree.draft([9], 4, 0.0) == []            # no context suffix matches
     assert tree.draft([a], 0, 0.0) == []
+
+
+def test_prior_shrinks_each_tokens_probability():
+    """λ = 1 (PPM's method A): every token, the one continuation inside an edge too, has
+    count / (count of its context + 1); λ = 0 keeps the raw ratio."""
+    a, b, c, d = 1, 2, 3, 4
+    raw, shrunk = SuffixTree(8), SuffixTree(8, prior=1.0)
+    for tree in (raw, shrunk):
+        for i in range(3):
+            tree.insert(i, [a, b, c])
+        tree.insert(3, [a, b, d])
+    assert raw.prior == 0.0 and shrunk.prior == 1.0
+    assert raw.draft_info([a], 4, 0.0).probs == [1.0, 0.75]
+    assert shrunk.draft_info([a], 4, 0.0).probs == pytest.approx([4 / 5, 4 / 5 * 3 / 5])
+    assert shrunk.draft([a], 4, 0.5) == [b]           # 0.48 < 0.5 stops before c
+    with pytest.raises(ValueError, match="prior"):
+        SuffixTree(8, prior=-1.0)
 
 
 def test_draft_context_is_capped_by_depth():

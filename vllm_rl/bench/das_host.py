@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[128, 512, 1024])
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--batch-cap", nargs="+", default=["cost", "all"],
-                    help="cost, phase, linear, or all (every row drafts 2b)")
+                    help="confidence, cost, phase, linear, or all (every row drafts 2b)")
     ap.add_argument("--policy", default="fixed")
     ap.add_argument("--cost", default="h100:qwen3-8b",
                     help="step-cost model (a table keeps the caps' decisions reproducible; "

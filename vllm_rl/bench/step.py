@@ -47,6 +47,7 @@ from pathlib import Path
 
 from vllm_rl.bench.matrix import (CONFIGS, engine_kind, is_config, partial_setting,
                                   technique_flags)
+from vllm_rl.das.config import BATCH_CAPS
 
 ARROL_GATES = ("steering", "cold", "balance", "auc")
 
@@ -104,9 +105,9 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
     ap.add_argument("--host-scale", type=float, default=1.0,
                     help="multiplies the host times measured here in the host-counted "
                          "projection: 0.5 models a host CPU twice as fast (default 1.0)")
-    ap.add_argument("--das-batch-cap", default=None, choices=("phase", "cost", "linear"),
+    ap.add_argument("--das-batch-cap", default=None, choices=BATCH_CAPS,
                     help="the DAS engine's batch cap (DASConfig.batch_cap; default the "
-                         "engine's, 'cost')")
+                         "engine's, 'confidence')")
     ap.add_argument("--das-config", default=None, metavar="JSON",
                     help="more DASConfig fields for the DAS engine, e.g. "
                          "'{\"lookahead\": false}' (default: the engine's)")

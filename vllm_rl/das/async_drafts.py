@@ -350,7 +350,7 @@ class AsyncDrafts:
             seqs = np.where(step.slots >= 0, S.seq[step.safe], -1)
             want = np.where(step.max_tokens > 0, step.max_tokens + plan.extra, 0)
             res = self._call(parts, (seqs, plan.contexts, plan.context_len,
-                                     want.astype(np.int32), S.min_prob[step.safe]))
+                                     want.astype(np.int32), self._min_prob(step)))
         elif parts:
             self._call(parts, None)
         for args in later:
@@ -403,7 +403,7 @@ class AsyncDrafts:
         step, S = plan.step, self.slots
         seqs = np.where(step.slots >= 0, S.seq[step.safe], -1)
         hyp, ns = hypotheses.build(self.store, seqs, plan.contexts, plan.context_len, plan.d,
-                                   plan.k, step.max_tokens, S.min_prob[step.safe],
+                                   plan.k, step.max_tokens, self._min_prob(step),
                                    self.cfg.branches)
         self.host_ns["draft"] += ns
         return hyp
@@ -419,6 +419,7 @@ class AsyncDrafts:
             res = BatchDrafts(hyp.fallback_drafts(), hyp.draft_len, 0, 0)
         if plan.phase is not None:
             self._phase_cut(plan.phase, res.lengths)
+        self._note_width(res.lengths, plan.step.n)
         return res, hyp
 
 

@@ -12,7 +12,11 @@ Sec. 4.2.1), chosen at construction (``DASConfig.batch_cap``):
   its problem's and the engine's), :func:`.caps.phase_budgets`, cut again to what the
   tree actually drafted;
 * ``linear``: full budget up to ``full_batch`` rows, scaled down to none at
-  ``off_batch`` (:func:`.caps.batch_cap`).
+  ``off_batch`` (:func:`.caps.batch_cap`);
+* ``confidence``: every row drafts its budget, each draft cut where the tree's
+  probability that it holds falls below the price of a draft token at this step's batch
+  on the step-cost model (:meth:`DraftBudgets._draft_price`): long drafts in the tail,
+  only the sure ones in the bulk.
 
 A sample with ARRoL flags drafts nothing before its ``l_detect``-th token under async
 scheduling (:data:`HOLD_LAG`; :mod:`.async_drafts`).
@@ -64,8 +68,8 @@ class DraftBudgets:
 
     def _init_budgets(self) -> None:
         cfg = self.cfg
-        # Only the cost and phase caps read the model: fit it online only for them.
-        self._online = cfg.batch_cap in ("cost", "phase") and isinstance(self.cost, OnlineCost)
+        # Only the linear cap does not read the model: fit it online for the others.
+        self._online = cfg.batch_cap != "linear" and isinstance(self.cost, OnlineCost)
         self._t_step: float | None = None
         self._batch, self._context = 0, 0.0    # this step's batch and mean context
         self._undrafted = 0                     # steps the cost cap has drafted nothing
@@ -89,7 +93,9 @@ class DraftBudgets:
         # the batch cap, chosen once: each writes step.max_tokens for the live rows
         # (the phase cap returns what its cut after the tree call needs)
         self._cap_rows = {"cost": self._cost_rows, "phase": self._phase,
-                          "linear": self._linear_rows}[cfg.batch_cap]
+                          "linear": self._linear_rows,
+                          "confidence": self._confidence_rows}[cfg.batch_cap]
+        self._width = 0.0          # the last drafting step's drafts per row (confidence cap)
 
     def _decide(self, req_ids, step: StepRows, live: np.ndarray, draft: bool):
         """Each live row's draft length for the next verification (budgets, Sec. 4.2,
@@ -115,6 +121,8 @@ class DraftBudgets:
             if len(forced):
                 step.max_tokens[forced] = self._room(forced, step,
                                                      self._budgets(forced, step, 1.0))
+                if step.min_prob is not None:    # the confidence cap's price: not theirs
+                    step.min_prob[forced] = S.min_prob[step.slots[forced]]
         hold = S.hold[step.safe]
         want = step.max_tokens > 0
         if hold.any():           # ARRoL samples under async scheduling (module docstring)
@@ -232,6 +240,41 @@ class DraftBudgets:
             self._undrafted = 0
         budgets = np.minimum(self._budgets(live, step, 1.0), k_cap)
         step.max_tokens[live] = self._room(live, step, budgets)
+
+    def _confidence_rows(self, live: np.ndarray, step: StepRows) -> None:
+        """The confidence cap: every live row drafts its budget, and each draft stops
+        where the tree's cumulative probability of its tokens (Sec. 4.1's count ratios,
+        the chance that the draft holds that far) falls below the price of one more
+        draft token at this step (:meth:`_draft_price`), or below the row's own
+        ``min_prob``.  A draft token pays where its acceptance beats its price, so on a
+        wide batch only the drafts the tree is sure of are verified."""
+        tau = self._draft_price(step.n)
+        self.cap_totals["decisions"] += 1
+        if tau >= 1.0:                          # no draft can pay
+            self.cap_totals["off"] += 1
+            return
+        step.max_tokens[live] = self._room(live, step, self._budgets(live, step, 1.0))
+        step.min_prob = np.maximum(self.slots.min_prob[step.safe], tau)
+
+    def _draft_price(self, batch: int) -> float:
+        """τ = B (t(w + 1) − t(w)) / t(0): the acceptance at which one more draft token
+        pays, in a step of ``batch`` rows that verify w drafts each (t: the step-cost
+        model's time at this batch and mean context by drafts per row, Eq. 1 measured;
+        w: the last drafting step's mean, floored).  The token costs
+        (t(w + 1) − t(w)) / B and yields its acceptance p in tokens, against t(0) / B per
+        token of a step without drafts: it lowers the step's time per token when
+        p > τ (up to drafting's own gain, which the bound leaves out)."""
+        k = min(int(self._width), max(self.k_max - 1, 0))
+        t0, tw, tw1 = self.cost.width_curve(batch, [1.0, 1.0 + k, 2.0 + k], self._context)
+        return max(tw1 - tw, 0.0) / t0 if t0 > 0 else 0.0
+
+    def _note_width(self, lengths: np.ndarray, rows: int) -> None:
+        """The drafts per row this step verifies (the confidence cap's w)."""
+        self._width = float(lengths.sum()) / rows if rows else 0.0
+
+    def _min_prob(self, step: StepRows) -> np.ndarray:
+        """Each row's cumulative-probability cutoff this step (the cap's, else its own)."""
+        return self.slots.min_prob[step.safe] if step.min_prob is None else step.min_prob
 
     def _linear_rows(self, live: np.ndarray, step: StepRows) -> None:
         """The linear cap (:func:`.caps.batch_cap`): the budgets scaled by batch size."""

@@ -24,7 +24,8 @@ from vllm_rl.flags import DAS_POLICIES, MAX_DRAFT, FlagError, RLFlags
 
 PROPOSER = "vllm_rl.das.drafter.DASProposer"
 CONFIG_KEY = "vllm_rl_das"
-BATCH_CAPS = ("phase", "cost", "linear")     # DASConfig.batch_cap
+BATCH_CAPS = ("phase", "cost", "linear", "confidence")     # DASConfig.batch_cap
+CAP_MIN_PROB = 0.1      # the draft cutoff under the caps that set none (all but confidence)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,12 @@ class DASConfig:
     front of each rollout so the first output tokens have a context to match.
 
     Budgets (Sec. 4.2): ``budget`` is b (medium class b, long 2b), ``min_prob`` the
-    draft cutoff.  ``policy`` is the budget policy of a request whose flags name none.
+    draft cutoff of a request whose flags set none (None: :data:`CAP_MIN_PROB`, or none
+    under the confidence cap, which sets its own).  ``policy`` is the budget policy of a
+    request whose flags name none.  ``prior`` is the λ of the trees' probabilities
+    (count / (count of the context + λ), :class:`vllm_rl.das.tree.SuffixTree`): 0 is
+    SuffixDecoding's ratio, 1 PPM's method A, which keeps 1 / (n + 1) for a token the
+    tree has not seen after a context seen n times.
 
     The batch cap (Sec. 4.2.1) scales budgets with the batch.  ``batch_cap="cost"`` (the
     default) derives it from the engine's step-cost model (``vllm_rl.LLM(cost=...)``,
@@ -50,7 +56,12 @@ class DASConfig:
     its own acceptance estimate (Eq. 3's k, shrunk toward its problem's and the
     engine's) and the tree's actual draft, minimising the step's expected time per
     generated token; drafting is off or short in the bulk of a rollout step and at full
-    budget in its tail.  ``batch_cap="linear"`` is the fixed rule: full budget up to
+    budget in its tail.  ``batch_cap="confidence"`` drafts every row's budget and cuts
+    each draft where the tree's probability that it holds (with ``prior`` λ) falls
+    below the price of one more draft token at the step's batch and context on the
+    step-cost model (:meth:`vllm_rl.das.budgeting.DraftBudgets._draft_price`): long
+    drafts on a small batch, only the likely ones on a wide one, decided on the cost
+    model and the trees alone.  ``batch_cap="linear"`` is the fixed rule: full budget up to
     ``full_batch`` running requests, scaled down linearly above, off at ``off_batch``
     (``vllm-rl bench das-batch`` measures drafting's gain by batch size).  The defaults
     (``policy="fixed"``, ``batch_cap="cost"``) were chosen on the projection of one
@@ -100,12 +111,13 @@ class DASConfig:
     window: int = 16
     max_stored_tokens: int = 4_000_000
     max_depth: int = 32
-    min_prob: float = 0.1
+    min_prob: float | None = None
+    prior: float = 0.5
     prompt_tail: int = 16
     full_batch: int = 256
     off_batch: int = 1024
     policy: str = "fixed"
-    batch_cap: str = "cost"
+    batch_cap: str = "confidence"
     c_base_ms: float = 2.5
     c_tok_ms: float = 0.13
     round_horizon: int = 16
@@ -115,6 +127,15 @@ class DASConfig:
     async_scheduling: bool = True
     lookahead: bool = True
     branches: int = 2
+
+    @property
+    def draft_cutoff(self) -> float:
+        """The cumulative-probability cutoff of a request whose flags set none:
+        ``min_prob``, else :data:`CAP_MIN_PROB`, or none (0) under the confidence cap,
+        which cuts each draft at its own price of a draft token."""
+        if self.min_prob is not None:
+            return self.min_prob
+        return 0.0 if self.batch_cap == "confidence" else CAP_MIN_PROB
 
     def __post_init__(self) -> None:
         if not 1 <= self.branches <= 16:
@@ -127,7 +148,9 @@ class DASConfig:
             raise ValueError(f"DASConfig.max_depth={self.max_depth}: allowed int in [2, 1024]")
         if not 0 <= self.full_batch <= self.off_batch:
             raise ValueError("DASConfig: need 0 <= full_batch <= off_batch")
-        if not 0.0 <= self.min_prob <= 1.0:
+        if not 0.0 <= self.prior <= 1e6:
+            raise ValueError(f"DASConfig.prior={self.prior}: allowed float in [0, 1e6]")
+        if self.min_prob is not None and not 0.0 <= self.min_prob <= 1.0:
             raise ValueError(f"DASConfig.min_prob={self.min_prob}: allowed float in [0, 1]")
         if self.prompt_tail < 0 or min(self.round_horizon, self.history, self.stats_rounds) < 1:
             raise ValueError("DASConfig: prompt_tail >= 0; round_horizon, history, "

@@ -99,7 +99,7 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
         self.cfg = cfg
         self.max_model_len = vllm_config.model_config.max_model_len
         self.k_max = vllm_config.speculative_config.num_speculative_tokens
-        self.store = ProblemTrees(cfg.window, cfg.max_stored_tokens, cfg.max_depth)
+        self.store = ProblemTrees(cfg.window, cfg.max_stored_tokens, cfg.max_depth, cfg.prior)
         self.classes = policy.LengthClasses(horizon=cfg.round_horizon, history=cfg.history)
         self.slots = Slots()
         self.round = Round()
@@ -202,13 +202,14 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
             step.feed -= later
         res = self.store.feed_and_draft(
             seqs, step.tokens, step.offsets, step.feed, contexts, context_len,
-            step.max_tokens, S.min_prob[step.safe], backoff=True)
+            step.max_tokens, self._min_prob(step), backoff=True)
         self.host_ns["feed"] += res.feed_ns
         self.host_ns["draft"] += res.draft_ns
         if later is not None and later.any():
             self._feed_in_background(seqs, step.tokens, step.offsets, later)
         if phase is not None:
             self._phase_cut(phase, res.lengths)
+        self._note_width(res.lengths, step.n)
         return res
 
     def settle(self) -> None:

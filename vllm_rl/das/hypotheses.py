@@ -25,9 +25,20 @@ for any proposal).  The
 host learns which draft was verified when step n's tokens reach it (:func:`match`, the
 same rule).
 
-The drafts of step n + 1 are exactly the drafts synchronous scheduling would make
-whenever step n's outcome is among the hypotheses: the acceptance the lookahead loses is
-the share of outcomes outside them (``docs/benchmarks.md``, "DAS's lookahead").
+Each hypothesis's draft is cut where the chance that it is verified and accepted falls
+below the row's cutoff: its cumulative probability starts at the tree's probability of
+the outcome it assumes, P(a) · P(x | a), not at 1.  P(a) = q_1 … q_a (1 − q_{a+1}) for
+a < k and q_1 … q_k for a = k, q_j the tree's probability of d_j after the context and
+d_1 … d_{j−1} (``SuffixTree.path_probs``); P(x | a) is x's count among the
+continuations other than d_{a+1}, over their total plus the tree's λ.  A row verifies
+its longest hypothesis's draft, so each of its draft slots is verified at a price its
+most likely user pays: the rule the confidence cap (:mod:`.budgeting`) prices drafts
+by, a draft's probability against the price of its slot.
+
+The drafts of step n + 1 are the drafts synchronous scheduling would make whenever step
+n's outcome is among the hypotheses, cut at that chance: the acceptance the lookahead
+loses is the share of outcomes outside them (``docs/benchmarks.md``, "DAS's
+lookahead").
 
 Why none, one or all: a suffix-tree draft tends to be right to its end or wrong at once.
 Over one 16 × 8 rollout step on the embedded model (the rows verifying 4 drafts: 3,030

@@ -235,7 +235,7 @@ class RequestBook:
         name = das.policy or self.cfg.policy
         st = RequestState(
             problem=problem, seq=-1, flags=das, max_tokens=max_tokens, budget=b,
-            min_prob=self.cfg.min_prob if das.min_prob is None else das.min_prob,
+            min_prob=self.cfg.draft_cutoff if das.min_prob is None else das.min_prob,
             slot=slot, slots=self.slots, init_class=init, stop_ids=memo.stop_ids(params),
             budget_policy=name)
         cols.max_tokens[j], cols.budget[j], cols.generated[j] = max_tokens, b, prior

@@ -99,6 +99,7 @@ class StepRows:
     max_tokens: np.ndarray      # int32: the draft budget per row (0: no draft)
     req_ids: Any = ()           # the rows' request ids
     ahead: np.ndarray | int = 0  # int64: tokens a row is assumed to have beyond its count
+    min_prob: np.ndarray | None = None  # float64: the step's cutoff per row (None: each slot's)
 
 
 __all__ = ["PhaseStep", "RequestState", "Round", "StepRows"]

@@ -51,10 +51,11 @@ class Problem:
 
 class ProblemTrees:
     def __init__(self, window: int = 16, max_stored_tokens: int = 4_000_000,
-                 max_depth: int = 64) -> None:
+                 max_depth: int = 64, prior: float = 0.0) -> None:
         self.window = window
         self.max_stored_tokens = max_stored_tokens
         self.max_depth = max_depth
+        self.prior = prior          # λ of the drafts' probabilities (SuffixTree's prior)
         self.problems: dict[str, Problem] = {}
         self._size: dict[int, tuple[str, int]] = {}     # seq id -> (problem, tokens)
         self._fifo: deque[int] = deque()                # finished seq ids, global order
@@ -71,7 +72,7 @@ class ProblemTrees:
     def problem(self, problem_id: str) -> Problem:
         p = self.problems.get(problem_id)
         if p is None:
-            tree = SuffixTree(self.max_depth)
+            tree = SuffixTree(self.max_depth, self.prior)
             p = self.problems[problem_id] = Problem(tree, index=self.table.add(tree))
         return p
 

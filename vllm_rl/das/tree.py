@@ -16,7 +16,8 @@ C++ (``csrc/suffix_tree.h`` documents the invariants):
   O(m) each (m = match length);
 * ``draft`` continues the longest context suffix of length <= max(1, max_depth - b) along
   the most frequent child (ties: smallest token id) while the cumulative probability
-  prod count(child)/count(parent) stays >= ``min_prob``, up to b tokens;
+  prod count(child)/(count(parent) + λ) stays >= ``min_prob``, up to b tokens (λ the
+  tree's ``prior``, 0 unless set; inside an edge the factor is count/(count + λ));
 * every call releases the GIL; ``draft_batch`` drafts for many contexts of one tree and
   :func:`draft_many` for many (tree, context) pairs (per-problem trees) in one call;
 * :func:`feed_and_draft` is a whole drafter step in one call: every row appends its new
@@ -51,6 +52,8 @@ class SuffixTree(_C.SuffixTree):
     Args:
         max_depth: longest indexed substring, in tokens (1..65535).  A draft of ``b``
             tokens continues a context suffix of at most ``max(1, max_depth - b)`` tokens.
+        prior: λ >= 0 added to each count a draft's probability divides by (default 0;
+            1 is PPM's method A).
 
     Sequences are named by integer ids.  Methods (all release the GIL):
 
