@@ -181,3 +181,41 @@ def test_switched_off_drafting_is_in_the_records_and_force_overrides_it(capped_l
     assert sum(c.rollout_info.draft_rounds for c in forced) > 0
     assert sum(c.rollout_info.draft_accepted for c in forced) > 0
     assert [list(c.token_ids) for c in forced] == [list(c.token_ids) for c in off]
+
+
+@pytest.fixture(scope="module")
+def default_das_llm():
+    """A DAS engine on the engine's defaults (``das=True``: the confidence cap, the trees'
+    prior λ = 0.5), scheduled asynchronously, priced on the H100 table (so its drafts do
+    not depend on this machine's step times)."""
+    from conftest import MAX_MODEL_LEN, shutdown
+
+    from vllm_rl import LLM
+    from vllm_rl.settings import CPU_ASYNC_KEY
+    from vllm_rl.task import MODEL_PATH
+
+    llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN, das=True,
+              cost="h100:qwen3-8b", additional_config={CPU_ASYNC_KEY: True})
+    yield llm
+    shutdown(llm)
+
+
+def test_the_default_cap_drafts_and_keeps_the_tokens(default_das_llm, sync_das_llm, prompts):
+    """The confidence cap (the default) under the lookahead: every greedy token and
+    logprob as the synchronous linear-capped engine's, drafts verified and accepted, and
+    each step decided by the cap, none of them off on these small batches."""
+    ps = prompts[:6]
+    tag = "default-cap"
+    d_out, d_stats = _run(default_das_llm, ps, tag, 0.0)
+    s_out, _ = _run(sync_das_llm, ps, tag, 0.0)
+    for a, s in zip(d_out, s_out):
+        for x, y in zip(a.outputs, s.outputs):
+            assert list(x.token_ids) == list(y.token_ids)
+            assert [next(iter(d.values())).logprob for d in x.logprobs] == \
+                [next(iter(d.values())).logprob for d in y.logprobs]
+    drafted = sum(c.rollout_info.draft_proposed for o in d_out for c in o.outputs)
+    accepted = sum(c.rollout_info.draft_accepted for o in d_out for c in o.outputs)
+    assert accepted > 0 and drafted >= accepted
+    assert (drafted, accepted) == tuple(map(sum, zip(*d_stats.values())))
+    caps = default_das_llm.das_stats()["cost_cap"]
+    assert caps["decisions"] > 0 and caps["off"] == 0

@@ -263,7 +263,9 @@ class DraftBudgets:
         w: the last drafting step's mean, floored).  The token costs
         (t(w + 1) − t(w)) / B and yields its acceptance p in tokens, against t(0) / B per
         token of a step without drafts: it lowers the step's time per token when
-        p > τ (up to drafting's own gain, which the bound leaves out)."""
+        p > τ (up to drafting's own gain, which the bound leaves out).  The forward pass
+        only: with ``lookahead=False`` the wait a drafting step adds to the path is not
+        priced here (the cost cap prices it)."""
         k = min(int(self._width), max(self.k_max - 1, 0))
         t0, tw, tw1 = self.cost.width_curve(batch, [1.0, 1.0 + k, 2.0 + k], self._context)
         return max(tw1 - tw, 0.0) / t0 if t0 > 0 else 0.0

@@ -247,7 +247,7 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
             "mean_accepted_per_verification": t.accepted / verifications if verifications else 0.0,
             "n_fwd_recent_rounds": list(self.n_fwd_log),   # T_short is their mean
             "phase": dict(self.phase_totals),               # batch_cap="phase" decisions
-            "cost_cap": dict(self.cap_totals),              # batch_cap="cost": off steps
+            "cost_cap": dict(self.cap_totals),      # batch_cap="cost"/"confidence": off steps
             "lookahead": dict(self.lookahead_totals),       # async: hypotheses borne out
             "draft_host_ms": self.draft_host_ms,            # async: a drafting step's path
             "per_step": [list(x) for x in self.verify_log],
