@@ -59,18 +59,28 @@ def test_async_lookahead_gives_the_same_tokens_as_sync(das_llm, sync_das_llm, pr
     tag = "async-eq"
     a_out, a_stats = _run(das_llm, ps, tag, 0.0)
     s_out, s_stats = _run(sync_das_llm, ps, tag, 0.0)
-    for a, s in zip(a_out, s_out):
-        for x, y in zip(a.outputs, s.outputs):
+    _assert_same_greedy(a_out, s_out)
+    for out, stats in ((a_out, a_stats), (s_out, s_stats)):
+        _assert_drafted(out, stats, len(ps))
+
+
+def _assert_same_greedy(outs, refs):
+    """Every token, logprob, end reason and length as the reference's."""
+    for a, s in zip(outs, refs, strict=True):
+        for x, y in zip(a.outputs, s.outputs, strict=True):
             assert list(x.token_ids) == list(y.token_ids)
             assert [next(iter(d.values())).logprob for d in x.logprobs] == \
                 [next(iter(d.values())).logprob for d in y.logprobs]
             ra, rs = x.rollout_info, y.rollout_info
             assert (ra.reason, ra.length) == (rs.reason, rs.length)
-    for out, stats in ((a_out, a_stats), (s_out, s_stats)):
-        drafted = sum(c.rollout_info.draft_proposed for o in out for c in o.outputs)
-        accepted = sum(c.rollout_info.draft_accepted for o in out for c in o.outputs)
-        assert accepted > 0 and drafted >= accepted and len(stats) == len(ps)
-        assert (drafted, accepted) == tuple(map(sum, zip(*stats.values())))
+
+
+def _assert_drafted(out, stats, problems: int):
+    """Drafts verified and accepted, and the records' counts sum to each problem's."""
+    drafted = sum(c.rollout_info.draft_proposed for o in out for c in o.outputs)
+    accepted = sum(c.rollout_info.draft_accepted for o in out for c in o.outputs)
+    assert accepted > 0 and drafted >= accepted and len(stats) == problems
+    assert (drafted, accepted) == tuple(map(sum, zip(*stats.values())))
 
 
 def _chi2_p(a: Counter, b: Counter, min_count: int = 10) -> float:
@@ -208,14 +218,7 @@ def test_the_default_cap_drafts_and_keeps_the_tokens(default_das_llm, sync_das_l
     tag = "default-cap"
     d_out, d_stats = _run(default_das_llm, ps, tag, 0.0)
     s_out, _ = _run(sync_das_llm, ps, tag, 0.0)
-    for a, s in zip(d_out, s_out):
-        for x, y in zip(a.outputs, s.outputs):
-            assert list(x.token_ids) == list(y.token_ids)
-            assert [next(iter(d.values())).logprob for d in x.logprobs] == \
-                [next(iter(d.values())).logprob for d in y.logprobs]
-    drafted = sum(c.rollout_info.draft_proposed for o in d_out for c in o.outputs)
-    accepted = sum(c.rollout_info.draft_accepted for o in d_out for c in o.outputs)
-    assert accepted > 0 and drafted >= accepted
-    assert (drafted, accepted) == tuple(map(sum, zip(*d_stats.values())))
+    _assert_same_greedy(d_out, s_out)
+    _assert_drafted(d_out, d_stats, len(ps))
     caps = default_das_llm.das_stats()["cost_cap"]
     assert caps["decisions"] > 0 and caps["off"] == 0

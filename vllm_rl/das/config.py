@@ -45,8 +45,8 @@ class DASConfig:
     SuffixDecoding's ratio, 1 PPM's method A, which keeps 1 / (n + 1) for a token the
     tree has not seen after a context seen n times.
 
-    The batch cap (Sec. 4.2.1) scales budgets with the batch.  ``batch_cap="cost"`` (the
-    default) derives it from the engine's step-cost model (``vllm_rl.LLM(cost=...)``,
+    The batch cap (Sec. 4.2.1) scales budgets with the batch.  ``batch_cap="cost"``
+    derives it from the engine's step-cost model (``vllm_rl.LLM(cost=...)``,
     :mod:`vllm_rl.cost`; fitted online when none is named): each step drafts the length
     that makes the step cheapest per generated token at its batch size and context
     (:func:`vllm_rl.das.caps.cost_cap`), one length for every request from the
@@ -64,9 +64,11 @@ class DASConfig:
     model and the trees alone.  ``batch_cap="linear"`` is the fixed rule: full budget up to
     ``full_batch`` running requests, scaled down linearly above, off at ``off_batch``
     (``vllm-rl bench das-batch`` measures drafting's gain by batch size).  The defaults
-    (``policy="fixed"``, ``batch_cap="cost"``) were chosen on the projection of one
-    rollout step on the H100 table against stock vLLM and the other policies and caps
-    (``vllm-rl bench step --gpu-limits``; figures in ``docs/benchmarks.md``).
+    (``policy="fixed"``, ``batch_cap="confidence"``, ``prior=0.5``) were chosen on the
+    projection of rollout steps on the H100 table against stock vLLM and the other
+    policies, caps and priors, paired over seeds (``vllm-rl bench step --gpu-limits``;
+    figures in ``docs/benchmarks.md``, "DAS's confidence cap"); DAS is lossless, so
+    its settings are chosen by speed alone.
     ``c_base_ms``/``c_tok_ms`` are Eq. 1's per-pass and per-token costs used by the
     ``optimal`` policy (Eq. 6-7) when the cost model cannot answer (an online model
     before its first fit); otherwise Eq. 7 reads the cost model linearised at the step's
