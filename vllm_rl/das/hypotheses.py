@@ -30,10 +30,12 @@ below the row's cutoff: its cumulative probability starts at the tree's probabil
 the outcome it assumes, P(a) · P(x | a), not at 1.  P(a) = q_1 … q_a (1 − q_{a+1}) for
 a < k and q_1 … q_k for a = k, q_j the tree's probability of d_j after the context and
 d_1 … d_{j−1} (``SuffixTree.path_probs``); P(x | a) is x's count among the
-continuations other than d_{a+1}, over their total plus the tree's λ.  A row verifies
-its longest hypothesis's draft, so each of its draft slots is verified at a price its
-most likely user pays: the rule the confidence cap (:mod:`.budgeting`) prices drafts
-by, a draft's probability against the price of its slot.
+continuations other than d_{a+1}, over their total plus the tree's λ (with λ = 0 a
+tree that has seen only d_{a+1} there gives the outcome chance 0, and its hypotheses
+draft nothing).  A row verifies its longest hypothesis's draft, so each draft slot it
+verifies pays for itself on one hypothesis's chance alone: the rule by which the
+confidence cap (:mod:`.budgeting`) prices drafts, a draft token's probability against
+the price of its slot.
 
 The drafts of step n + 1 are the drafts synchronous scheduling would make whenever step
 n's outcome is among the hypotheses, cut at that chance: the acceptance the lookahead
