@@ -34,7 +34,8 @@ def rollouts(prompts: list[str], rounds: int, max_tokens: int):
 
     from vllm_rl.task import MODEL_PATH
 
-    llm = LLM(model=str(MODEL_PATH), max_num_seqs=1024, max_num_batched_tokens=16384, seed=0)
+    llm = LLM(model=str(MODEL_PATH), max_num_seqs=1024, max_num_batched_tokens=16384, seed=0,
+              max_model_len=1024, kv_cache_memory_bytes=3 << 30)
     sp = SamplingParams(n=8, temperature=1.0, max_tokens=max_tokens)
     return [[(list(r.prompt_token_ids), [list(o.token_ids) for o in r.outputs])
              for r in llm.generate(prompts, sp, use_tqdm=False)] for _ in range(rounds)]
