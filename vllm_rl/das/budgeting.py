@@ -121,8 +121,6 @@ class DraftBudgets:
             if len(forced):
                 step.max_tokens[forced] = self._room(forced, step,
                                                      self._budgets(forced, step, 1.0))
-                if step.min_prob is not None:    # the confidence cap's price: not theirs
-                    step.min_prob[forced] = S.min_prob[step.slots[forced]]
         hold = S.hold[step.safe]
         want = step.max_tokens > 0
         if hold.any():           # ARRoL samples under async scheduling (module docstring)
@@ -254,7 +252,8 @@ class DraftBudgets:
             self.cap_totals["off"] += 1
             return
         step.max_tokens[live] = self._room(live, step, self._budgets(live, step, 1.0))
-        step.min_prob = np.maximum(self.slots.min_prob[step.safe], tau)
+        step.min_prob = self.slots.min_prob[step.safe]          # a copy: rows not capped
+        step.min_prob[live] = np.maximum(step.min_prob[live], tau)   # keep their own
 
     def _draft_price(self, batch: int) -> float:
         """τ = B (t(w + 1) − t(w)) / t(0): the acceptance at which one more draft token
