@@ -254,6 +254,17 @@ def test_hypotheses_by_hand():
     assert hypotheses.match(np.array([[5, 6, 9], [3, -1, -1]]), hyp).tolist() == [-1, -1]
     # the same tokens and more: not this hypothesis (the -1 padding is compared)
     assert hypotheses.match(np.array([[8, 9, -1], [5, 6, -1]]), hyp).tolist() == [-1, -1]
+    # how they came out: row 0 took 5 then 3 (one accepted, its token hypothesised),
+    # row 1 (no sound draft: its next token only) took 8; then row 0 took 5 6 9 (both
+    # accepted, 9 not the token hypothesised after them) and row 1 took 3 (not among its
+    # two); then row 0 took 6 (none accepted, 6 not hypothesised after none) and row 1
+    # 5 3 (an unsound draft accepted: a count not hypothesised)
+    totals = dict.fromkeys(hypotheses.TALLY, 0)
+    for got in (sampled, np.array([[5, 6, 9], [3, -1, -1]]),
+                np.array([[6, -1, -1], [5, 3, -1]])):
+        hypotheses.tally(got, hyp, hypotheses.match(got, hyp), totals)
+    assert totals == {"rows": 6, "matched": 2, "count_missed": 1, "token_missed": 3,
+                      "next_token_rows": 3, "next_token_matched": 1}
     hyp.without(np.array([False, True]))
     assert hypotheses.match(sampled, hyp).tolist() == [2, -1]
 

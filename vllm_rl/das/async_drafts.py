@@ -80,8 +80,11 @@ class AsyncDrafts:
         self._wait_ns = 0                           # waited for the device, this step
         self._waited_at = 0                         # when the wait for the last ids ended
         self._path_ns: int | None = None            # the last drafting step's path so far
-        # the lookahead's rows taken in with hypotheses, and those that bore one out
-        self.lookahead_totals = {"rows": 0, "matched": 0}
+        # the lookahead's rows taken in with hypotheses and how they came out
+        # (hypotheses.tally): one borne out, the accepted count not hypothesised, the
+        # count hypothesised but not the token after it; the rows that verified no
+        # sound draft (their hypotheses guess the next token only), and of those matched
+        self.lookahead_totals = dict.fromkeys(hypotheses.TALLY, 0)
 
     @property
     def drafting(self) -> bool:
@@ -267,9 +270,7 @@ class AsyncDrafts:
                 rows = np.flatnonzero(step.slots >= 0)
                 f.matched = hypotheses.match(arr, f.hyps)
                 S.guess_ok[step.slots[rows]] = f.matched[rows] >= 0
-                t = self.lookahead_totals
-                t["rows"] += int((f.hyps.lengths > 0).any(axis=1).sum())
-                t["matched"] += int((f.matched >= 0).sum())
+                hypotheses.tally(arr, f.hyps, f.matched, self.lookahead_totals)
             step.ntok = f.n_prompt + lens + np.where(step.slots >= 0, S.generated[step.safe], 0)
             win.append(np.where(S.done[step.safe], -1, step.slots), tokens, offsets)
             self._ingest(step, f.drafted)

@@ -122,6 +122,26 @@ def match(sampled: np.ndarray, hyp: Hypotheses) -> np.ndarray:
     return np.where(ok.any(axis=1), ok.argmax(axis=1), -1)
 
 
+TALLY = ("rows", "matched", "count_missed", "token_missed", "next_token_rows",
+         "next_token_matched")
+
+
+def tally(sampled: np.ndarray, hyp: Hypotheses, matched: np.ndarray, totals: dict) -> None:
+    """Add a step's outcomes to ``totals`` (keys :data:`TALLY`): its rows with
+    hypotheses, those that bore one out (``matched``, :func:`match`), those whose
+    accepted count a was not hypothesised, those whose count was but not the token x
+    after it; and the rows that verified no sound draft in the step, whose hypotheses
+    guess its one sampled token (``next_token_rows``), and of those matched."""
+    n = len(hyp.lengths)
+    has = (hyp.lengths > 0).any(axis=1)
+    hit = matched[:n] >= 0
+    counted = (hyp.lengths == (sampled[:n] >= 0).sum(axis=1)[:, None]).any(axis=1)
+    bare = has & (hyp.lengths.max(axis=1) == 1)
+    for key, rows in zip(TALLY, (has, hit, has & ~counted, has & counted & ~hit, bare,
+                                 bare & hit)):
+        totals[key] += int(rows.sum())
+
+
 def select_on_device(sampled: Any, hyp: Any) -> Any:
     """Each row's draft for the next step, on the device, from step n's ``sampled`` ids
     (``[rows, k + 1]``, -1 past a row's tokens) and the hypotheses uploaded
@@ -139,4 +159,4 @@ def select_on_device(sampled: Any, hyp: Any) -> Any:
     return drafts[torch.arange(n, device=tokens.device), idx]
 
 
-__all__ = ["Hypotheses", "build", "match", "per_row", "select_on_device"]
+__all__ = ["TALLY", "Hypotheses", "build", "match", "per_row", "select_on_device", "tally"]
