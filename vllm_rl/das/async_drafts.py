@@ -82,8 +82,8 @@ class AsyncDrafts:
         self._path_ns: int | None = None            # the last drafting step's path so far
         # the lookahead's rows taken in with hypotheses and how they came out
         # (hypotheses.tally): one borne out, the accepted count not hypothesised, the
-        # count hypothesised but not the token after it; the rows that verified no
-        # sound draft (their hypotheses guess the next token only), and of those matched
+        # count hypothesised but not the token after it; the rows whose hypotheses guess
+        # the next token only (most verified no sound draft), and of those matched
         self.lookahead_totals = dict.fromkeys(hypotheses.TALLY, 0)
 
     @property

@@ -130,8 +130,9 @@ def tally(sampled: np.ndarray, hyp: Hypotheses, matched: np.ndarray, totals: dic
     """Add a step's outcomes to ``totals`` (keys :data:`TALLY`): its rows with
     hypotheses, those that bore one out (``matched``, :func:`match`), those whose
     accepted count a was not hypothesised, those whose count was but not the token x
-    after it; and the rows that verified no sound draft in the step, whose hypotheses
-    guess its one sampled token (``next_token_rows``), and of those matched."""
+    after it; and the rows whose hypotheses all assume one sampled token, a guess of the
+    next token only (``next_token_rows``: a row that verified no sound draft in the
+    step, or whose other counts the tree does not continue), and of those matched."""
     n = len(hyp.lengths)
     has = (hyp.lengths > 0).any(axis=1)
     hit = matched[:n] >= 0
