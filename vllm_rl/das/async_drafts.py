@@ -80,10 +80,7 @@ class AsyncDrafts:
         self._wait_ns = 0                           # waited for the device, this step
         self._waited_at = 0                         # when the wait for the last ids ended
         self._path_ns: int | None = None            # the last drafting step's path so far
-        # the lookahead's rows taken in with hypotheses and how they came out
-        # (hypotheses.tally): one borne out, the accepted count not hypothesised, the
-        # count hypothesised but not the token after it; the rows whose hypotheses guess
-        # the next token only (most verified no sound draft), and of those matched
+        # how the lookahead's hypotheses came out, by kind (hypotheses.tally)
         self.lookahead_totals = dict.fromkeys(hypotheses.TALLY, 0)
 
     @property

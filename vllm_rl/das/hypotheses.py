@@ -127,16 +127,16 @@ TALLY = ("rows", "matched", "count_missed", "token_missed", "next_token_rows",
 
 
 def tally(sampled: np.ndarray, hyp: Hypotheses, matched: np.ndarray, totals: dict) -> None:
-    """Add a step's outcomes to ``totals`` (keys :data:`TALLY`): its rows with
+    """Add a step's outcomes to ``totals`` (keys :data:`TALLY`; ``sampled`` and
+    ``matched`` by the hypotheses' rows, as :func:`match` takes them): its rows with
     hypotheses, those that bore one out (``matched``, :func:`match`), those whose
     accepted count a was not hypothesised, those whose count was but not the token x
     after it; and the rows whose hypotheses all assume one sampled token, a guess of the
     next token only (``next_token_rows``: a row that verified no sound draft in the
     step, or whose other counts the tree does not continue), and of those matched."""
-    n = len(hyp.lengths)
     has = (hyp.lengths > 0).any(axis=1)
-    hit = matched[:n] >= 0
-    counted = (hyp.lengths == (sampled[:n] >= 0).sum(axis=1)[:, None]).any(axis=1)
+    hit = matched >= 0
+    counted = (hyp.lengths == (sampled >= 0).sum(axis=1)[:, None]).any(axis=1)
     bare = has & (hyp.lengths.max(axis=1) == 1)
     for key, rows in zip(TALLY, (has, hit, has & ~counted, has & counted & ~hit, bare,
                                  bare & hit)):
