@@ -44,8 +44,11 @@ def test_train_your_model_syncs_the_engine_and_returns_records(tmp_path):
     assert [s["engine_weights_of_step"] for s in out["steps"]] == list(range(STEPS)), \
         "each step's rollout ran on the weights of the step before"
     assert out["techniques"] == ["das", "darts", "duet", "arrol"] and out["partial"]
+    carried_in = 0                 # samples the step before carried: groups completed now
     for step in out["steps"]:      # the complete groups came back: M' >= M per prompt
-        assert 0 < step["prompts"] <= PROMPTS and step["records"] >= step["prompts"] * M
+        assert 0 < step["prompts"] <= PROMPTS + carried_in
+        assert step["records"] >= step["prompts"] * M
+        carried_in = step["carried"]
         assert sum(step["reasons"].values()) == step["records"]
         assert 0 < step["in_loss"] <= step["prompts"] * M
     assert any(step["carried"] for step in out["steps"]), "partial rollouts carried none"
