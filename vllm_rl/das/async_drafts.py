@@ -42,6 +42,7 @@ must know on the host which row holds that token.
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -186,16 +187,9 @@ class AsyncDrafts:
             self._drafted = {}
             if not spec:
                 return scheduler_output, {}, None
-            rows = {rid: i for i, rid in enumerate(f.req_ids)} if ready is not None else {}
-            get = rows.get
-            counts, cut = {}, {}
-            for rid, toks in spec.items():
-                i = get(rid)
-                k = 0 if i is None else min(int(ready.lengths[i]), len(toks))
-                if k:
-                    counts[rid] = k
-                if k < len(toks):
-                    cut[rid] = len(toks)
+            rows = dict(zip(f.req_ids, range(len(f.req_ids)))) if ready is not None else {}
+            worker_output, cut, counts = _cut_to_drafts(
+                scheduler_output, rows, [] if ready is None else ready.lengths.tolist())
             self._drafted = counts
             if ready is not None:
                 if hyp is None:
@@ -206,9 +200,7 @@ class AsyncDrafts:
                                         (hyp.tokens, hyp.drafts, hyp.fallback)))
                 _upload(runner, drafts, self.k_max, f.sched)
                 self._verifying = (rows, ready.drafts if hyp is None else hyp.drafts, counts, f)
-            if not cut:
-                return scheduler_output, {}, counts
-            return _trimmed(scheduler_output, counts, cut), cut, counts
+            return worker_output, cut, counts
         finally:
             end = time.perf_counter_ns()
             path = end - self._waited_at if self._waited_at else 0
@@ -529,30 +521,37 @@ def _verified_drafts(verifying, req_ids, k_max: int) -> tuple[np.ndarray, np.nda
     return np.minimum(k, w), d
 
 
-
-
-
-def _trimmed(sched, counts: dict, cut: dict):
-    """A copy of the scheduler output with each request in ``cut`` scheduled on its
-    ``counts`` draft tokens only (the scheduler's own object is left as it scheduled)."""
-    import copy
-
-    out = copy.copy(sched)
-    spec = dict(sched.scheduled_spec_decode_tokens)
-    num = dict(sched.num_scheduled_tokens)
-    total = sched.total_num_scheduled_tokens
-    for rid, scheduled in cut.items():
-        k = counts.get(rid, 0)
-        num[rid] -= scheduled - k
-        total -= scheduled - k
+def _cut_to_drafts(sched, rows: dict, lengths: list):
+    """The scheduler output as the worker runs it: each request scheduled on its draft
+    only (``lengths[rows[rid]]``, at most the scheduler's placeholders; none for a
+    request not in ``rows``).  Returns it (a copy where any request was cut: the
+    scheduler's own object is left as it scheduled), the requests cut with the
+    scheduler's count, and each request's draft count.  Hot path: one pass over the
+    step's speculative requests."""
+    spec = sched.scheduled_spec_decode_tokens
+    get = rows.get
+    counts, cut, kept = {}, {}, {}
+    num = total = None
+    for rid, toks in spec.items():
+        i = get(rid)
+        m = len(toks)
+        k = 0 if i is None else min(lengths[i], m)
         if k:
-            spec[rid] = spec[rid][:k]
-        else:
-            del spec[rid]
-    out.scheduled_spec_decode_tokens = spec
+            counts[rid] = k
+            kept[rid] = toks if k == m else toks[:k]
+        if k < m:
+            if num is None:
+                num, total = dict(sched.num_scheduled_tokens), sched.total_num_scheduled_tokens
+            cut[rid] = m
+            num[rid] -= m - k
+            total -= m - k
+    if not cut:
+        return sched, cut, counts
+    out = copy.copy(sched)
+    out.scheduled_spec_decode_tokens = kept
     out.num_scheduled_tokens = num
     out.total_num_scheduled_tokens = total
-    return out
+    return out, cut, counts
 
 
 __all__ = ["AsyncDrafts", "PATH_ATTR", "PREP_ATTR"]
