@@ -633,7 +633,8 @@ int SuffixTree::draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, To
 // it), so the longest suffix that has one is bisected as in draft_into's backoff.
 int SuffixTree::branch_into(const Token* context, size_t n, Token exclude, int branches,
                             int max_tokens, double min_prob, Token* out, int width,
-                            int32_t* lens, double scale) const {
+                            int32_t* lens, double scale, double* probs,
+                            double* chances) const {
   for (int j = 0; j < branches; ++j) lens[j] = 0;
   if (branches <= 0 || width < 1 || max_tokens < 0) return 0;
   const uint32_t b = static_cast<uint32_t>(
@@ -690,8 +691,13 @@ int SuffixTree::branch_into(const Token* context, size_t n, Token exclude, int b
     o[0] = tok[j];
     int match_len = 0;
     int64_t match_count = 0;
-    const int len = b ? draft_from(next[j], m + 1, b, min_prob, o + 1, nullptr, &match_len,
-                                   &match_count, scale * next_prob(cnt[j], total))
+    const double chance = scale * next_prob(cnt[j], total);
+    if (chances) chances[j] = chance;
+    // with `probs`: each draft token's cumulative probability given the branch (from 1),
+    // written there; else the draft's probability starts at the branch's chance
+    const int len = b ? draft_from(next[j], m + 1, b, min_prob, o + 1,
+                                   probs ? probs + static_cast<int64_t>(j) * width : nullptr,
+                                   &match_len, &match_count, probs ? 1.0 : chance)
                       : 0;
     lens[j] = 1 + len;
   }
@@ -1021,7 +1027,8 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
   std::fill(r.draft_len, r.draft_len + r.rows, 0);
   std::vector<Token> ctx, out(static_cast<size_t>(B) * r.width);
   std::vector<int32_t> lens(B);
-  std::vector<double> q;
+  std::vector<double> q, probs(static_cast<size_t>(B) * r.width), chances(B),
+      slot(static_cast<size_t>(std::max<int32_t>(K, 1)), 0.0);
   std::shared_lock<std::shared_mutex> lock;
   const SuffixTree* held = nullptr;
   for (size_t i = 0; i < r.rows; ++i) {
@@ -1057,7 +1064,7 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
         }
         const Token exclude = a < k ? d[a] : -1;
         t->branch_into(ctx.data(), keep, exclude, B, r.max_tokens[i], r.min_prob[i],
-                       out.data(), r.width, lens.data(), chance);
+                       out.data(), r.width, lens.data(), chance, probs.data(), chances.data());
         for (int j = 0; j < B; ++j) {
           if (lens[j] <= 0) continue;
           const int64_t h = static_cast<int64_t>(s) * B + j;
@@ -1070,7 +1077,10 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
           r.branch_len[cell] = lens[j];
           const int32_t m = std::min<int32_t>(lens[j] - 1, K);
           std::copy(o + 1, o + 1 + m, r.drafts + cell * K);
-          r.draft_len[i] = std::max(r.draft_len[i], m);
+          // slot u is accepted under this hypothesis with its chance times the draft's
+          // probability of reaching u given it
+          const double* pj = probs.data() + static_cast<int64_t>(j) * r.width;
+          for (int32_t u = 0; u < m; ++u) slot[u] += chances[j] * pj[u];
           // the fallback: the most tokens assumed, the first branch among equals
           const int64_t score = lengths[h] * static_cast<int64_t>(H) - j;
           if (score > best) {
@@ -1080,6 +1090,17 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
         }
       }
     }
+    // the row verifies the slots whose chance of acceptance, summed over its hypotheses
+    // (at most one holds), reaches its cutoff; each hypothesis's draft is cut there
+    int32_t L = 0;
+    while (L < K && slot[L] > 0.0 && slot[L] >= r.min_prob[i]) ++L;
+    r.draft_len[i] = L;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t cell = static_cast<int64_t>(i) * H + h;
+      std::fill(r.drafts + cell * K + L, r.drafts + (cell + 1) * K, 0);
+      if (r.branch_len[cell] > 1 + L) r.branch_len[cell] = 1 + L;
+    }
+    std::fill(slot.begin(), slot.end(), 0.0);
     r.fallback[i] = fallback;
   }
   return now_ns() - t0;

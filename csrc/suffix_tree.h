@@ -125,7 +125,7 @@ struct HypothesisRows {
                                        //   then -1; a cell without a hypothesis starts -2
   Token* drafts = nullptr;             // [rows, H, k_max]: the draft after them (zero padded)
   int32_t* branch_len = nullptr;       // [rows, H]: 1 + that draft's length (0: none)
-  int32_t* draft_len = nullptr;        // [rows]: the row's longest draft
+  int32_t* draft_len = nullptr;        // [rows]: the slots it verifies (hypotheses())
   int64_t* fallback = nullptr;         // [rows]: the most tokens assumed, first branch among equals
 };
 
@@ -273,9 +273,13 @@ class SuffixTree {
   // branch j at out[j * width] and its draft after it, lens[j] = 1 + draft length (0: no
   // j-th branch).  Ties: the smaller token first, as draft_from.  Returns the branches.
   // `scale` multiplies every branch's probability (the chance of the outcome it follows).
+  // With `probs`, each draft starts from 1 instead (given its branch), its cumulative
+  // probabilities go to probs[j * width, + len), and each branch's own (scaled) to
+  // chances[j].
   int branch_into(const Token* context, size_t n, Token exclude, int branches, int max_tokens,
                   double min_prob, Token* out, int width, int32_t* lens,
-                  double scale = 1.0) const;
+                  double scale = 1.0, double* probs = nullptr,
+                  double* chances = nullptr) const;
   // q[j]: the tree's probability of d[j] after the context and d[0, j) (next_prob along
   // the context's longest suffix of at most D - k tokens; 0 from the first token not
   // seen there, and for every token when no suffix is stored).
@@ -344,7 +348,10 @@ StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees, const StepR
 // step n + 1 are made before step n's tokens are known), assembled: every row with a tree
 // and max_tokens > 0, for each of its pairs (HypothesisRows), gets SuffixTree::branch_into
 // on its context followed by verified[:a], excluding verified[a] when a < sound (the
-// token after a rejected draft is not that draft), under its tree's shared lock; the
+// token after a rejected draft is not that draft), under its tree's shared lock, each
+// draft's probability from 1 given its branch; the row verifies the leading slots whose
+// chance of acceptance, summed over its hypotheses (the outcome's chance times the
+// draft's probability), reaches min_prob, and every draft is cut to them; the
 // outputs are written whole (zeros where there is no hypothesis).  Checked first
 // (std::invalid_argument naming the row).  No Python: the caller may run it without the
 // GIL.  Returns the CPU time of the drafts (ns).

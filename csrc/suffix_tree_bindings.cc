@@ -496,7 +496,8 @@ void bind_suffix_tree(py::module_& m) {
       "Returns ``(lengths, tokens, drafts, branch_len, draft_len, fallback, ns)``: per row "
       "and hypothesis the tokens assumed (``a + 1``, 0: none) and those tokens (-1 padded; "
       "a cell without a hypothesis starts with -2), the draft after them (zero padded) and "
-      "1 + its length; per row its longest draft and its "
+      "1 + its length, each cut to the row's slots; per row those slots (while the "
+      "chance of acceptance summed over its hypotheses is at least ``min_prob[i]``) and its "
       "fallback (the most tokens assumed, the first branch among equals); ``ns`` the "
       "call's CPU time.");
 

@@ -15,11 +15,12 @@ from vllm_rl.das.tree import hypothesis_drafts
 
 
 def _reference(tree: SuffixTree, context: list[int], exclude: int, branches: int, b: int,
-               min_prob: float, alphabet: int, chance: float = 1.0) -> list[list[int]]:
+               min_prob: float, alphabet: int) -> list[tuple]:
     """By definition: the longest context suffix (<= D - b - 1, b < D) followed by some
     token other than ``exclude``; its ``branches`` most frequent such tokens (the
-    smaller first among equals), each followed by the draft from the suffix and that
-    token (as long as fits the depth)."""
+    smaller first among equals), each with its draft from the suffix and that token (as
+    long as fits the depth), the draft's cumulative probabilities given the token, and
+    the token's share of the continuations other than ``exclude``."""
     D = tree.max_depth
     b = min(b, D - 1)
     cap = max(D - b - 1, 1)
@@ -30,20 +31,17 @@ def _reference(tree: SuffixTree, context: list[int], exclude: int, branches: int
         if tree.count(suffix) and counts:
             top = sorted(counts, key=lambda t: (-counts[t], t))[:branches]
             room = min(b, D - m - 1)
-            # a branch's probability: its count among the continuations other than exclude
             total = tree.count(suffix) - (tree.count(suffix + [exclude]) if exclude >= 0 else 0)
-            return [[t] + _draft(tree, suffix + [t], room, min_prob,
-                                 chance * (counts[t] / (total + tree.prior)), alphabet)
-                    for t in top]
+            return [(t, *_draft(tree, suffix + [t], room, min_prob, alphabet),
+                     counts[t] / (total + tree.prior)) for t in top]
     return []
 
 
-def _draft(tree, s, room, min_prob, prob, alphabet):
-    """The most frequent continuation of ``s`` (the smaller token among equals) while the
-    cumulative probability from ``prob`` stays >= ``min_prob``: count / (context's + λ)."""
-    out = []
-    if prob < min_prob:
-        return out
+def _draft(tree, s, room, min_prob, alphabet):
+    """The most frequent continuation of ``s`` (the smaller token among equals) while its
+    cumulative probability stays >= ``min_prob``: count / (context's + λ).  Returns the
+    tokens and their cumulative probabilities."""
+    out, probs, prob = [], [], 1.0
     while len(out) < room:
         counts = {t: tree.count(s + [t]) for t in range(alphabet)}
         counts = {t: c for t, c in counts.items() if c}
@@ -55,8 +53,9 @@ def _draft(tree, s, room, min_prob, prob, alphabet):
             break
         prob = p
         out.append(t)
+        probs.append(p)
         s = s + [t]
-    return out
+    return out, probs
 
 
 def _call(trees, tree_idx, contexts, d, k, b, min_prob, branches):
@@ -103,10 +102,15 @@ def test_branches_equal_the_reference():
         b, p, branches = rng.choice([1, 3, 8]), rng.choice([0.0, 0.1, 0.5]), rng.randint(1, 3)
         got = _branches(tree, contexts, exclude, b, p, branches)
         for i, c in enumerate(contexts):
-            # the row verifies [exclude]: the branches follow its rejection
-            chance = 1.0 - _path_probs(tree, c, [exclude[i]])[0] if exclude[i] >= 0 else 1.0
-            assert got[i] == _reference(tree, c, exclude[i], branches, b, p, alphabet,
-                                        chance), (trial, i)
+            # the row verifies [exclude] (the branches follow its rejection), and its
+            # slots are paid by both of its counts' hypotheses
+            k = int(exclude[i] >= 0)
+            d = ([exclude[i]] * k + [0] * b)[:b]
+            H = hypotheses.per_row(np.array([k]), branches)
+            lengths, tokens, _, _, own = _reference_hypotheses(tree, c, d, k, b, p, branches,
+                                                              alphabet, H)
+            want = [[tokens[j][0], *own[j]] for j in range(branches) if lengths[j]]
+            assert got[i] == want, (trial, i)
 
 
 def test_hand_example():
@@ -120,8 +124,12 @@ def test_hand_example():
     assert got == [[[4, 5], [9, 9]], [[9, 9]], [[4, 5]], []]
     # one token of the draft after the branch: ties go to the smaller token (5 before 6)
     assert _branches(tree, [[2, 3]], [-1], 4, 0.0, 3) == [[[4, 5], [8], [9, 9]]]
-    # a draft's probability starts at its branch's: 4 is 2/3 and 4 5 is 1/3, 9 is 1/3
-    assert _branches(tree, [[1, 2, 3]], [-1], 4, 0.5, 3) == [[[4], [9]]]
+    # a slot is verified while its chance of acceptance summed over the hypotheses
+    # reaches the cutoff: 4 (2/3) then 5 (1/2 after 4), 9 (1/3) then 9 (1): slot 1 is
+    # accepted with 2/3 * 1/2 + 1/3 * 1 = 2/3, slot 2 with nothing (no draft reaches it)
+    assert _branches(tree, [[1, 2, 3]], [-1], 4, 0.45, 3) == [[[4, 5], [9, 9]]]
+    # a draft token below the cutoff given its own branch is not drafted (5 after 4)
+    assert _branches(tree, [[1, 2, 3]], [-1], 4, 0.6, 3) == [[[4], [9]]]
 
 
 def test_bad_arguments():
@@ -146,10 +154,15 @@ def test_bad_arguments():
 def _reference_hypotheses(tree, context, d, k, b, min_prob, branches, alphabet, H):
     """By definition (the module docstring): pair s of a = (0, 1, k)[s] (each count
     once), branch j of it is hypothesis s * branches + j, assuming d[:a] then the
-    branch token, with the branch's draft after it, its probability starting at the
-    count's chance (:func:`_path_probs`)."""
+    branch token, with the branch's draft after it; slot u of the row is verified while
+    the chance that it is accepted, summed over the hypotheses (the count's chance
+    (:func:`_path_probs`) times the branch's share times the draft's probability of
+    reaching u), is >= ``min_prob``, and every draft is cut to those L slots.  Returns
+    lengths, tokens, drafts (``len(d)`` wide), L and each hypothesis's draft as cut."""
     lengths, drafts = [0] * H, [[0] * len(d) for _ in range(H)]
     tokens = [[-2] + [-1] * len(d) for _ in range(H)]
+    own = [[] for _ in range(H)]
+    slot = [0.0] * len(d)
     counts = [0] + ([1] if k >= 1 else []) + ([k] if k >= 2 else [])
     q = _path_probs(tree, context, d[:k])
     for s, a in enumerate(counts):
@@ -160,13 +173,22 @@ def _reference_hypotheses(tree, context, d, k, b, min_prob, branches, alphabet, 
         for j in range(a):
             chance *= q[j]
         got = _reference(tree, (context + d[:a])[-tree.max_depth:], exclude, branches, b,
-                         min_prob, alphabet, chance)
-        for j, x in enumerate(got):
+                         min_prob, alphabet)
+        for j, (x, draft, probs, share) in enumerate(got):
             h = s * branches + j
             lengths[h] = a + 1
-            tokens[h] = d[:a] + [x[0]] + [-1] * (len(d) - a)
-            drafts[h][:len(x) - 1] = x[1:1 + len(d)]
-    return lengths, tokens, drafts
+            tokens[h] = d[:a] + [x] + [-1] * (len(d) - a)
+            own[h] = draft[:len(d)]
+            weight = chance * share
+            for u, pr in enumerate(probs[:len(d)]):
+                slot[u] += weight * pr
+    L = 0
+    while L < len(d) and slot[L] > 0.0 and slot[L] >= min_prob:
+        L += 1
+    for h in range(H):
+        own[h] = own[h][:L]
+        drafts[h][:len(own[h])] = own[h]
+    return lengths, tokens, drafts, L, own
 
 
 def _path_probs(tree, context, d):
@@ -223,7 +245,9 @@ def test_hypotheses_equal_the_reference():
             assert lengths[i].tolist() == want[0], (trial, i)
             assert tokens[i].tolist() == want[1], (trial, i)
             assert drafts[i].tolist() == want[2], (trial, i)
-            assert draft_len[i] == max([x - 1 for x in blen[i].tolist() if x] or [0])
+            assert draft_len[i] == want[3], (trial, i)
+            assert blen[i].tolist() == [1 + len(x) if L else 0
+                                        for x, L in zip(want[4], want[0])], (trial, i)
             score = [L * H - h % branches if L else -1 for h, L in enumerate(want[0])]
             assert fallback[i] == int(np.argmax(score)), (trial, i)
 

@@ -401,8 +401,8 @@ class AsyncDrafts:
     def _take_guess(self, f: "_InFlight", plan: "_Plan", res):
         """The drafts of the step being prepared and, under the lookahead, the
         hypotheses they were made on (``res``; kept on ``f``, whose outcome they guess,
-        checked when ``f`` is taken in): each row verifies its longest hypothesis's
-        length.  The phase cap's cut last.  Returns (drafts, hypotheses or None)."""
+        checked when ``f`` is taken in): each row verifies the slots its hypotheses
+        pay for together (:mod:`.hypotheses`).  The phase cap's cut last.  Returns (drafts, hypotheses or None)."""
         hyp = None
         if plan.extra:
             hyp = f.hyps = res.without(f.discard)

@@ -25,17 +25,24 @@ for any proposal).  The
 host learns which draft was verified when step n's tokens reach it (:func:`match`, the
 same rule).
 
-Each hypothesis's draft is cut where the chance that it is verified and accepted falls
-below the row's cutoff: its cumulative probability starts at the tree's probability of
-the outcome it assumes, P(a) · P(x | a), not at 1.  P(a) = q_1 … q_a (1 − q_{a+1}) for
-a < k and q_1 … q_k for a = k, q_j the tree's probability of d_j after the context and
-d_1 … d_{j−1} (``SuffixTree.path_probs``); P(x | a) is x's count among the
-continuations other than d_{a+1}, over their total plus the tree's λ (with λ = 0 a
-tree that has seen only d_{a+1} there gives the outcome chance 0, and its hypotheses
-draft nothing).  A row verifies its longest hypothesis's draft, so each draft slot it
-verifies pays for itself on one hypothesis's chance alone: the rule by which the
-confidence cap (:mod:`.budgeting`) prices drafts, a draft token's probability against
-the price of its slot.
+A row verifies the same L draft slots whichever hypothesis the device takes (the
+scheduler output is fixed before step n's tokens exist), so a slot pays by the chance
+that it is accepted, summed over the hypotheses, at most one of which holds:
+
+    P(slot u accepted) = Σ_h P(a_h) · P(x_h | a_h) · c_h(u),
+
+c_h(u) the tree's cumulative probability of h's draft through its u-th token given h
+(Sec. 4.1's count ratios, from 1).  P(a) = q_1 … q_a (1 − q_{a+1}) for a < k and
+q_1 … q_k for a = k, q_j the tree's probability of d_j after the context and d_1 …
+d_{j−1} (``SuffixTree.path_probs``); P(x | a) is x's count among the continuations
+other than d_{a+1}, over their total plus the tree's λ (with λ = 0 a tree that has
+seen only d_{a+1} there gives the outcome chance 0).  L is the number of leading slots
+whose chance reaches the row's cutoff: the rule by which the confidence cap
+(:mod:`.budgeting`) prices drafts, a slot's acceptance against its price.  Each
+hypothesis drafts while c_h stays at the cutoff (a token below it adds less than the
+cutoff to any slot's sum) and is cut to L.  Taking the largest single term instead of
+the sum verified fewer slots and was slower with DUET and ARRoL
+(``docs/benchmarks.md``, "The slots priced by the sum over the hypotheses").
 
 The drafts of step n + 1 are the drafts synchronous scheduling would make whenever step
 n's outcome is among the hypotheses, cut at that chance: the acceptance the lookahead
@@ -63,7 +70,7 @@ class Hypotheses:
     d_a, x), then -1 as vLLM pads a row's sampled ids (so a hypothesis equals a row's
     sampled ids, padding included, exactly when they bear it out; a cell without one
     starts with -2, which no sampled id equals), ``drafts[i, h]`` the draft made after
-    them (zero padded), ``draft_len[i]`` the draft length the row verifies (its longest),
+    them (zero padded), ``draft_len[i]`` the draft slots the row verifies (L, module docstring),
     ``fallback[i]`` the hypothesis it verifies when none matches (the most accepted
     drafts, the tree's next token)."""
 

@@ -138,8 +138,10 @@ def hypothesis_drafts(trees, tree_idx, contexts, context_len, verified, sound, m
     ``(lengths, tokens, drafts, branch_len, draft_len, fallback, ns)``: per row and
     hypothesis the tokens it assumes (``a + 1``; 0: none) and those tokens
     (``verified[i, :a]``, the branch), the draft after them (zero padded) and 1 + its
-    length; per row its longest draft and its fallback (the most tokens assumed, the
-    first branch among equals); ``ns`` the call's CPU time.  Exact dtypes as
+    length, each cut to the row's slots; per row those slots (while the chance of
+    acceptance summed over its hypotheses, the outcome's chance times the draft's
+    probability given it, is at least ``min_prob[i]``: :mod:`vllm_rl.das.hypotheses`)
+    and its fallback (the most tokens assumed, the first branch among equals); ``ns`` the call's CPU time.  Exact dtypes as
     :func:`feed_and_draft` (int32 ``verified``, int64 ``sound``)."""
     return _C.hypothesis_drafts(trees, tree_idx, contexts, context_len, verified, sound, max_tokens,
                                 min_prob, branches, per_row)
