@@ -593,15 +593,14 @@ int SuffixTree::draft_into(const Token* context, size_t n, int max_tokens, doubl
 // The draft from the locus `at` of a context suffix of length m (b = min(max_tokens, D)
 // >= 1): everything after the suffix search of draft_into.
 int SuffixTree::draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, Token* out,
-                           double* probs, int* match_len, int64_t* match_count,
-                           double prob) const {
+                           double* probs, int* match_len, int64_t* match_count) const {
   *match_len = static_cast<int>(m);
   *match_count = at.node->count;
   if (m == 0) return 0;
   const uint32_t budget = std::min<uint32_t>(b, max_depth_ - m);
   const Node* v = at.node;
   uint32_t off = at.off, len = 0;
-  if (prob < min_prob) return 0;
+  double prob = 1.0;
   while (len < budget) {
     if (off < v->len) {  // inside an edge: the one continuation seen, next_prob(n, n)
       const double p = prob * next_prob(v->count, v->count);
@@ -691,13 +690,10 @@ int SuffixTree::branch_into(const Token* context, size_t n, Token exclude, int b
     o[0] = tok[j];
     int match_len = 0;
     int64_t match_count = 0;
-    const double chance = scale * next_prob(cnt[j], total);
-    if (chances) chances[j] = chance;
-    // with `probs`: each draft token's cumulative probability given the branch (from 1),
-    // written there; else the draft's probability starts at the branch's chance
+    chances[j] = scale * next_prob(cnt[j], total);
     const int len = b ? draft_from(next[j], m + 1, b, min_prob, o + 1,
-                                   probs ? probs + static_cast<int64_t>(j) * width : nullptr,
-                                   &match_len, &match_count, probs ? 1.0 : chance)
+                                   probs + static_cast<int64_t>(j) * width, &match_len,
+                                   &match_count)
                       : 0;
     lens[j] = 1 + len;
   }

@@ -257,10 +257,9 @@ class SuffixTree {
   // null); out must hold min(max_tokens, max_depth) tokens.  Returns len.
   int draft_into(const Token* context, size_t n, int max_tokens, double min_prob, bool backoff,
                  Token* out, double* probs, int* match_len, int64_t* match_count) const;
-  // The rest of draft_into from the locus of its suffix of length m; b >= 1.  The draft's
-  // cumulative probability starts at prob (a branch's own, branch_into).
+  // The rest of draft_into from the locus of its suffix of length m; b >= 1.
   int draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, Token* out, double* probs,
-                 int* match_len, int64_t* match_count, double prob = 1.0) const;
+                 int* match_len, int64_t* match_count) const;
   // draft_into with backoff for a context that ends like the growing sequence `id`, from
   // that sequence's active list; -1 when undecided there (then call draft_into).
   int draft_from_active(SeqId id, const Token* context, size_t n, int max_tokens,
@@ -268,18 +267,16 @@ class SuffixTree {
                         int64_t* match_count) const;
   // The `branches` most frequent continuations of the context's longest suffix that
   // continues with a token other than `exclude` (< 0: any token), each followed by its
-  // draft of at most max_tokens tokens from min_prob (cumulative from the branch's own
-  // probability, next_prob among the continuations other than `exclude`):
+  // draft of at most max_tokens tokens while the draft's cumulative probability given
+  // the branch stays at min_prob:
   // branch j at out[j * width] and its draft after it, lens[j] = 1 + draft length (0: no
   // j-th branch).  Ties: the smaller token first, as draft_from.  Returns the branches.
-  // `scale` multiplies every branch's probability (the chance of the outcome it follows).
-  // With `probs`, each draft starts from 1 instead (given its branch), its cumulative
-  // probabilities go to probs[j * width, + len), and each branch's own (scaled) to
-  // chances[j].
+  // Each draft's cumulative probabilities given its branch (from 1) go to probs[j * width,
+  // + len), and the branch's own probability times `scale` (the chance of the outcome it
+  // follows) to chances[j].
   int branch_into(const Token* context, size_t n, Token exclude, int branches, int max_tokens,
-                  double min_prob, Token* out, int width, int32_t* lens,
-                  double scale = 1.0, double* probs = nullptr,
-                  double* chances = nullptr) const;
+                  double min_prob, Token* out, int width, int32_t* lens, double scale,
+                  double* probs, double* chances) const;
   // q[j]: the tree's probability of d[j] after the context and d[0, j) (next_prob along
   // the context's longest suffix of at most D - k tokens; 0 from the first token not
   // seen there, and for every token when no suffix is stored).

@@ -402,7 +402,8 @@ class AsyncDrafts:
         """The drafts of the step being prepared and, under the lookahead, the
         hypotheses they were made on (``res``; kept on ``f``, whose outcome they guess,
         checked when ``f`` is taken in): each row verifies the slots its hypotheses
-        pay for together (:mod:`.hypotheses`).  The phase cap's cut last.  Returns (drafts, hypotheses or None)."""
+        pay for together (:mod:`.hypotheses`).  The phase cap's cut last.  Returns
+        (drafts, hypotheses or None)."""
         hyp = None
         if plan.extra:
             hyp = f.hyps = res.without(f.discard)
