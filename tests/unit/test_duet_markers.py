@@ -105,6 +105,43 @@ def test_gate_at_k2_plus_g_follows_the_coin(coin, expected):
         assert all(duet.step(state, t, [7] * t, TABLE) is None for t in range(31, 80))
 
 
+def _decision(state, ends):
+    """What the rule decides for a sample whose steps end at the token counts ``ends``:
+    (action, whether the gate drew its coin), at the first step that decides."""
+    for t in ends:
+        action = _run(state, t)
+        if action is not None or state.keep_decided:
+            return action, state.keep_decided
+    return None, False
+
+
+def test_a_marker_after_k2_plus_g_in_a_multi_token_step_meets_the_coin():
+    """Steps of one token: no marker by the last poll before K2 + G = 30 (24), so the
+    coin decides at 30.  A speculative step from 28 to 33 passes the gate with the
+    marker at token 32: the poll reads no further than 24, and the coin decides."""
+    one = _state(k1=8, poll=8, k2=20, grace=10, coin=0.9, at=32)
+    assert _decision(one, range(1, 40)) == (duet.Action.ABORT, True)
+    jump = _state(k1=8, poll=8, k2=20, grace=10, coin=0.9, at=32)
+    assert _decision(jump, [8, 16, 24, 28, 33]) == (duet.Action.ABORT, True)
+    assert jump.detector.polled == [8, 16, 24]
+
+
+def test_the_rule_decides_the_same_whatever_the_steps_sizes():
+    """Random K1, poll, K2, G, marker positions and coins: steps of 1-9 tokens decide
+    as steps of one token do (trim, the coin's abort or its keep)."""
+    rng = random.Random(0)
+    for _ in range(2000):
+        k1, poll = rng.randint(0, 40), rng.randint(1, 12)
+        k2, grace, at = rng.randint(0, 80), rng.randint(0, 12), rng.randint(1, 120)
+        coin = rng.random()
+        ends, t = [], 0
+        while t < 130:
+            t += rng.randint(1, 9)
+            ends.append(t)
+        args = dict(k1=k1, poll=poll, k2=k2, grace=grace, eps=0.5, coin=coin, at=at)
+        assert _decision(_state(**args), ends) == _decision(_state(**args), range(1, 140)), args
+
+
 # ---------------------------------------------------------------- incremental markers
 PIECES = ["\\boxed{", "{", "}", "\n", " ", ":", "a", "7", "```", "`", "<answer>", "</answer>",
           "Therefore the answer is ", ".", "x", "\n\n", "\u00e9", "y" * 700]

@@ -12,6 +12,9 @@ Per sample, with ``t`` its number of generated tokens:
   reproducible from the request seed: with probability ``1 - eps`` it is aborted now
   (weight 0), else it is kept to its natural end with weight ``1/eps`` (no trim, no
   second coin);
+* a step of several tokens (speculative decoding) is read as steps of one token would
+  read it (:func:`step`): the same tokens are trimmed, meet the coin or run on, whatever
+  the steps' sizes;
 * every other sample is kept with propensity 1.
 
 Inside a DARTS group (the composition rule, ``docs/ARCHITECTURE.md``) the gate is the
@@ -98,21 +101,42 @@ def seeded_coin(seed: int | None, prompt_token_ids, request_id: str) -> float:
     return seeded_uniform("duet-coin", seed, prompt_token_ids, request_id)
 
 
+def last_poll(state: DuetState, t: int) -> int:
+    """The last poll instant at or before ``t`` tokens: ``K1``, then every multiple of
+    ``poll`` past it (where a run of one token a step polls); -1 before ``K1``."""
+    if t < state.k1:
+        return -1
+    g = t - t % state.flags.poll
+    return g if g > state.k1 else state.k1
+
+
 def step(state: DuetState, num_tokens: int, tokens, table: list[bytes]) -> Action | None:
     """Apply Alg. A.10 l.17-30 after the sample has ``num_tokens`` tokens (``tokens``:
-    its output token ids; ``table``: token id -> bytes).  The caller may skip it while
-    ``num_tokens < state.next_check``: nothing is due then.
+    its output token ids, the last ``len(tokens)`` of the ``num_tokens``; ``table``:
+    token id -> bytes).  The caller may skip it while ``num_tokens < state.next_check``:
+    nothing is due then.
+
+    A step that made several tokens (speculative decoding) is read as steps of one token
+    would read it: the poll reads the tokens up to the last poll instant the step passed
+    (:func:`last_poll`), and not past ``K2 + G`` while the gate is open.  So a sample
+    whose marker comes after ``K2 + G`` meets its coin there, and the same tokens are
+    trimmed, meet the coin or run on whatever the steps' sizes; the sample ends at the
+    step's end.
     """
     f = state.flags
     if state.keep_decided:
         return None                                   # eps-kept: runs to its natural end
     action = None
-    if num_tokens >= state.k1 and num_tokens >= state.next_poll:
-        state.next_poll = num_tokens - num_tokens % f.poll + f.poll
-        if state.detector.poll(table, tokens) or state.prior_fired:
+    gate = state.k2 + f.grace
+    at = last_poll(state, min(num_tokens, gate))
+    if at >= 0 and at >= state.next_poll:
+        state.next_poll = at - at % f.poll + f.poll
+        seen = at - (num_tokens - len(tokens))        # a continuation's tokens follow its prior
+        if state.detector.poll(table, tokens if seen >= len(tokens) else tokens[:max(seen, 0)]) \
+                or state.prior_fired:
             state.marker_pos = num_tokens
             action = Action.TRIM
-    if action is None and num_tokens >= state.k2 + f.grace:
+    if action is None and num_tokens >= gate:
         state.keep_decided = True
         if state.coin >= state.eps:
             action = Action.ABORT
@@ -209,4 +233,4 @@ def km_quantile(observations, q: float) -> int:
     return max(length for length, _, _ in observations)
 
 
-__all__ = ["Action", "DuetState", "OnlineThresholds", "km_quantile", "seeded_coin", "step"]
+__all__ = ["Action", "DuetState", "OnlineThresholds", "km_quantile", "last_poll", "seeded_coin", "step"]
