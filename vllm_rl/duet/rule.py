@@ -7,7 +7,8 @@ Per sample, with ``t`` its number of generated tokens:
   (:mod:`vllm_rl.duet.markers`, over the vocabulary table of :mod:`vllm_rl.duet.vocab`:
   no decoding); the detectors fire only on a complete answer span, so a sample whose
   marker fires ends at that poll (tail trim, l.20: within ``poll <= G`` tokens of the
-  marker, never past ``tau_marker + G``);
+  marker, never past ``tau_marker + G``; a DAS step ends it at the step's end, up to
+  its drafts later);
 * gate (l.23-30): a sample reaching ``t >= K2 + G`` with no marker draws one coin,
   reproducible from the request seed: with probability ``1 - eps`` it is aborted now
   (weight 0), else it is kept to its natural end with weight ``1/eps`` (no trim, no
