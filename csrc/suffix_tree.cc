@@ -1091,10 +1091,12 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
     int32_t L = 0;
     while (L < K && slot[L] > 0.0 && slot[L] >= r.min_prob[i]) ++L;
     r.draft_len[i] = L;
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = 0; h < H; ++h) {   // only drafts longer than L hold tokens past it
       const int64_t cell = static_cast<int64_t>(i) * H + h;
-      std::fill(r.drafts + cell * K + L, r.drafts + (cell + 1) * K, 0);
-      if (r.branch_len[cell] > 1 + L) r.branch_len[cell] = 1 + L;
+      if (r.branch_len[cell] <= 1 + L) continue;
+      Token* draft = r.drafts + cell * K;
+      std::fill(draft + L, draft + std::min<int32_t>(r.branch_len[cell] - 1, K), 0);
+      r.branch_len[cell] = 1 + L;
     }
     std::fill(slot.begin(), slot.end(), 0.0);
     r.fallback[i] = fallback;

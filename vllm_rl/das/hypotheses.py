@@ -45,7 +45,7 @@ the sum verified fewer slots and was slower with DUET and ARRoL
 (``docs/benchmarks.md``, "The slots priced by the sum over the hypotheses").
 
 The drafts of step n + 1 are the drafts synchronous scheduling would make whenever step
-n's outcome is among the hypotheses, cut at that chance: the acceptance the lookahead
+n's outcome is among the hypotheses, cut to the row's slots: the acceptance the lookahead
 loses is the share of outcomes outside them (``docs/benchmarks.md``, "DAS's
 lookahead").
 

@@ -132,9 +132,9 @@ def step(state: DuetState, num_tokens: int, tokens, table: list[bytes]) -> Actio
     at = last_poll(state, min(num_tokens, gate))
     if at >= 0 and at >= state.next_poll:
         state.next_poll = at - at % f.poll + f.poll
-        seen = at - (num_tokens - len(tokens))        # a continuation's tokens follow its prior
-        if state.detector.poll(table, tokens if seen >= len(tokens) else tokens[:max(seen, 0)]) \
-                or state.prior_fired:
+        seen = max(at - (num_tokens - len(tokens)), 0)   # a continuation's follow its prior
+        view = tokens if seen >= len(tokens) else tokens[:seen]
+        if state.detector.poll(table, view) or state.prior_fired:
             state.marker_pos = num_tokens
             action = Action.TRIM
     if action is None and num_tokens >= gate:
