@@ -630,14 +630,10 @@ int SuffixTree::draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, To
 // A continuation other than `exclude` is monotone in the suffix length like continuing
 // itself (a shorter suffix occurs wherever a longer one does, with every continuation of
 // it), so the longest suffix that has one is bisected as in draft_into's backoff.
-int SuffixTree::branch_into(const Token* context, size_t n, Token exclude, int branches,
-                            int max_tokens, double min_prob, Token* out, int width,
-                            int32_t* lens, double scale, double* probs,
-                            double* chances) const {
-  for (int j = 0; j < branches; ++j) lens[j] = 0;
-  if (branches <= 0 || width < 1 || max_tokens < 0) return 0;
-  const uint32_t b = static_cast<uint32_t>(
-      std::max(0, std::min({max_tokens, max_depth_ - 1, width - 1})));
+int SuffixTree::branch_points(const Token* context, size_t n, Token exclude, int branches,
+                              uint32_t b, Branch* out, uint32_t* m_out) const {
+  *m_out = 0;
+  if (branches <= 0) return 0;
   // Condition on at most D - b - 1 tokens: the branch and b tokens follow within the depth.
   const uint32_t cap = static_cast<uint32_t>(std::max(max_depth_ - static_cast<int>(b) - 1, 1));
   auto other = [exclude](const Locus& l) {
@@ -648,18 +644,15 @@ int SuffixTree::branch_into(const Token* context, size_t n, Token exclude, int b
   uint32_t m = longest_suffix(context, n, cap, &at);
   if (m > 0 && !other(at)) m = back_off(context, n, m, other, &at);
   if (m == 0) return 0;
+  *m_out = m;
   // The candidates: the edge's next token, or the node's children by count (descending;
   // children ascend by token and a strict '>' keeps the smaller token first).
-  constexpr int kMaxBranches = 16;
   const int want = std::min(branches, kMaxBranches);
-  Token tok[kMaxBranches];
-  Locus next[kMaxBranches];
   uint32_t cnt[kMaxBranches];
   uint32_t total = at.node->count;  // occurrences continuing other than with `exclude`
   int got = 0;
   if (at.off < at.node->len) {
-    tok[0] = label(at.node)[at.off];
-    next[0] = Locus{at.node, at.off + 1};
+    out[0] = Branch{label(at.node)[at.off], Locus{at.node, at.off + 1}, 0.0};
     cnt[0] = at.node->count;
     got = 1;
   } else {
@@ -675,28 +668,15 @@ int SuffixTree::branch_into(const Token* context, size_t n, Token exclude, int b
       while (pos > 0 && cnt[pos - 1] < c) --pos;
       if (pos >= want) continue;
       for (int k = std::min(got, want - 1); k > pos; --k) {
-        tok[k] = tok[k - 1];
-        next[k] = next[k - 1];
+        out[k] = out[k - 1];
         cnt[k] = cnt[k - 1];
       }
-      tok[pos] = t;
-      next[pos] = Locus{ch[i], 1};
+      out[pos] = Branch{t, Locus{ch[i], 1}, 0.0};
       cnt[pos] = c;
       got = std::min(got + 1, want);
     }
   }
-  for (int j = 0; j < got; ++j) {
-    Token* o = out + static_cast<int64_t>(j) * width;
-    o[0] = tok[j];
-    int match_len = 0;
-    int64_t match_count = 0;
-    chances[j] = scale * next_prob(cnt[j], total);
-    const int len = b ? draft_from(next[j], m + 1, b, min_prob, o + 1,
-                                   probs + static_cast<int64_t>(j) * width, &match_len,
-                                   &match_count)
-                      : 0;
-    lens[j] = 1 + len;
-  }
+  for (int j = 0; j < got; ++j) out[j].share = next_prob(cnt[j], total);
   return got;
 }
 
@@ -887,15 +867,6 @@ int64_t now_ns() {
   throw std::invalid_argument("row " + std::to_string(i) + ": " + what);
 }
 
-// The lookahead's accepted counts of a row verifying k sound drafts: 0, 1 and k, each
-// once (HypothesisRows); returns how many, written to `counts`.
-int accepted_counts(int64_t k, int64_t counts[3]) {
-  counts[0] = 0;
-  counts[1] = std::min<int64_t>(k, 1);
-  counts[2] = k;
-  return 1 + (k >= 1) + (k >= 2);
-}
-
 }  // namespace
 
 bool SuffixTree::can_extend(SeqId id) const {
@@ -993,15 +964,16 @@ StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees, const StepR
 }
 
 int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisRows& r) {
+  using Branch = SuffixTree::Branch;
   const int32_t B = r.branches, H = r.hypotheses, K = r.k_max;
-  if (B < 1) throw std::invalid_argument("branches must be >= 1");
+  if (B < 1 || B > SuffixTree::kMaxBranches)
+    throw std::invalid_argument("branches must be in [1, 16]");
+  if (H < 1) throw std::invalid_argument("hypotheses per row must be >= 1");
   if (r.width < 1) throw std::invalid_argument("width must be >= 1");
   if (K < 0) throw std::invalid_argument("k_max must be >= 0");
   for (size_t i = 0; i < r.rows; ++i) {
     if (r.max_tokens[i] <= 0) continue;
     if (r.sound[i] < 0 || r.sound[i] > K) bad_row(i, "sound must be in [0, k_max]");
-    int64_t counts[3];
-    if (accepted_counts(r.sound[i], counts) * B > H) bad_row(i, "its pairs times branches exceed the hypotheses per row");
     const int32_t t = r.tree[i];
     if (t < 0) continue;
     if (static_cast<size_t>(t) >= num_trees || !trees[t])
@@ -1021,9 +993,17 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
   for (int64_t c = 0; c < cells; ++c) r.tokens[c * (K + 1)] = -2;
   std::fill(r.drafts, r.drafts + cells * K, 0);
   std::fill(r.draft_len, r.draft_len + r.rows, 0);
-  std::vector<Token> ctx, out(static_cast<size_t>(B) * r.width);
-  std::vector<int32_t> lens(B);
-  std::vector<double> q, probs(static_cast<size_t>(B) * r.width), chances(B),
+  // an outcome (a, x): its count, its branch and the suffix it continues
+  struct Outcome {
+    double chance;
+    int32_t a;
+    uint32_t m;
+    Branch br;
+  };
+  std::vector<Token> ctx, out(static_cast<size_t>(r.width));
+  std::vector<Outcome> outcomes;
+  Branch br[SuffixTree::kMaxBranches];
+  std::vector<double> q, probs(static_cast<size_t>(r.width)),
       slot(static_cast<size_t>(std::max<int32_t>(K, 1)), 0.0);
   std::shared_lock<std::shared_mutex> lock;
   const SuffixTree* held = nullptr;
@@ -1040,15 +1020,16 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
       const Token* d = r.verified + static_cast<int64_t>(i) * r.verified_stride;
       const Token* row = r.context + static_cast<int64_t>(i) * r.stride;
       const size_t n = static_cast<size_t>(r.context_len[i]);
-      int64_t counts[3];
-      const int pairs = accepted_counts(k, counts);
+      const uint32_t b = static_cast<uint32_t>(
+          std::max(0, std::min({r.max_tokens[i], t->max_depth() - 1, r.width - 1})));
       // each count's probability by the tree: the first a drafts, then not d[a] (a < k)
       q.resize(static_cast<size_t>(std::max<int64_t>(k, 1)));
       t->path_probs(row, n, d, static_cast<int>(k), q.data());
-      for (int s = 0; s < pairs; ++s) {
-        const int64_t a = counts[s];
-        double chance = a < k ? 1.0 - q[a] : 1.0;
-        for (int64_t j = 0; j < a; ++j) chance *= q[j];
+      outcomes.clear();
+      double reach = 1.0;              // q_1 … q_a
+      for (int64_t a = 0; a <= k; ++a) {
+        const double chance = a < k ? reach * (1.0 - q[a]) : reach;
+        if (a < k) reach *= q[a];
         const size_t total = n + static_cast<size_t>(a);
         if (total == 0) continue;
         // the last max_depth tokens of context + d[:a]
@@ -1058,31 +1039,39 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
           const size_t at = total - keep + j;
           ctx[j] = at < n ? row[at] : d[at - n];
         }
-        const Token exclude = a < k ? d[a] : -1;
-        t->branch_into(ctx.data(), keep, exclude, B, r.max_tokens[i], r.min_prob[i],
-                       out.data(), r.width, lens.data(), chance, probs.data(), chances.data());
-        for (int j = 0; j < B; ++j) {
-          if (lens[j] <= 0) continue;
-          const int64_t h = static_cast<int64_t>(s) * B + j;
-          const int64_t cell = static_cast<int64_t>(i) * H + h;
-          Token* tok = r.tokens + cell * (K + 1);
-          const Token* o = out.data() + static_cast<int64_t>(j) * r.width;
-          std::copy(d, d + a, tok);
-          tok[a] = o[0];
-          lengths[h] = static_cast<int32_t>(a + 1);
-          r.branch_len[cell] = lens[j];
-          const int32_t m = std::min<int32_t>(lens[j] - 1, K);
-          std::copy(o + 1, o + 1 + m, r.drafts + cell * K);
-          // slot u is accepted under this hypothesis with its chance times the draft's
-          // probability of reaching u given it
-          const double* pj = probs.data() + static_cast<int64_t>(j) * r.width;
-          for (int32_t u = 0; u < m; ++u) slot[u] += chances[j] * pj[u];
-          // the fallback: the most tokens assumed, the first branch among equals
-          const int64_t score = lengths[h] * static_cast<int64_t>(H) - j;
-          if (score > best) {
-            best = score;
-            fallback = h;
-          }
+        uint32_t m = 0;
+        const int got = t->branch_points(ctx.data(), keep, a < k ? d[a] : -1, B, b, br, &m);
+        for (int j = 0; j < got; ++j)
+          outcomes.push_back(Outcome{chance * br[j].share, static_cast<int32_t>(a), m, br[j]});
+      }
+      // the most likely first; among equals the smaller count, then the more frequent
+      // branch (the order they were found in)
+      const size_t take = std::min<size_t>(outcomes.size(), static_cast<size_t>(H));
+      std::stable_sort(outcomes.begin(), outcomes.end(),
+                       [](const Outcome& x, const Outcome& y) { return x.chance > y.chance; });
+      for (size_t h = 0; h < take; ++h) {
+        const Outcome& o = outcomes[h];
+        const int64_t cell = static_cast<int64_t>(i) * H + static_cast<int64_t>(h);
+        Token* tok = r.tokens + cell * (K + 1);
+        std::copy(d, d + o.a, tok);
+        tok[o.a] = o.br.tok;
+        lengths[h] = o.a + 1;
+        int match_len = 0;
+        int64_t match_count = 0;
+        const int len = b ? t->draft_from(o.br.next, o.m + 1, b, r.min_prob[i], out.data(),
+                                          probs.data(), &match_len, &match_count)
+                          : 0;
+        r.branch_len[cell] = 1 + len;
+        const int32_t u_max = std::min<int32_t>(len, K);
+        std::copy(out.data(), out.data() + u_max, r.drafts + cell * K);
+        // slot u is accepted under this hypothesis with its chance times the draft's
+        // probability of reaching u given it
+        for (int32_t u = 0; u < u_max; ++u) slot[u] += o.chance * probs[u];
+        // the fallback: the most tokens assumed, the more likely among equals
+        const int64_t score = lengths[h] * static_cast<int64_t>(H) - static_cast<int64_t>(h);
+        if (score > best) {
+          best = score;
+          fallback = static_cast<int64_t>(h);
         }
       }
     }

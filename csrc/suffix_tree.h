@@ -101,8 +101,10 @@ struct StepRows {
 
 // The lookahead's hypotheses, assembled (hypotheses(), below; vllm_rl/das/hypotheses.py).
 // Row i verifies sound[i] drafts verified[i, :sound[i]] in the step on the device; its
-// pairs are the accepted counts a = 0, 1 and sound[i] (each once, in that order: pair s =
-// 0, 1, 2), and pair s's branch j is hypothesis h = s * branches + j.  Plain arrays,
+// outcomes are (a, x) for each accepted count a = 0 .. sound[i] and x among the
+// `branches` most frequent next tokens after the context and d[:a] other than d[a]; its
+// hypotheses are the `hypotheses` most likely of them (by the tree's chance, the more
+// likely first; among equals the smaller a, then the more frequent x).  Plain arrays,
 // row-major, one entry per row unless stated.
 struct HypothesisRows {
   size_t rows = 0;
@@ -117,9 +119,9 @@ struct HypothesisRows {
   const int64_t* sound = nullptr;      // how many of them are sound, in [0, k_max]
   const int32_t* max_tokens = nullptr; // draft after each branch token (<= 0: no hypotheses)
   const double* min_prob = nullptr;    // cumulative-probability cutoff of each draft
-  int32_t branches = 1;
+  int32_t branches = 1;                // next tokens per accepted count
   int32_t width = 1;                   // 1 + the longest draft after a branch token
-  int32_t hypotheses = 0;              // H per row (>= the row's pairs * branches)
+  int32_t hypotheses = 0;              // H per row: the most likely outcomes kept
   int32_t* lengths = nullptr;          // [rows, H]: tokens assumed (a + 1; 0: no hypothesis)
   Token* tokens = nullptr;             // [rows, H, k_max + 1]: d_1 .. d_a, the branch token,
                                        //   then -1; a cell without a hypothesis starts -2
@@ -227,6 +229,12 @@ class SuffixTree {
     const Node* node;
     uint32_t off;
   };
+  struct Branch {  // a continuation: its token, the locus after it, its share (branch_points)
+    Token tok;
+    Locus next;
+    double share;
+  };
+  static constexpr int kMaxBranches = 16;
 
   // Sequences.
   Seq* find_seq(SeqId id) const;
@@ -266,17 +274,14 @@ class SuffixTree {
                         double min_prob, Token* out, double* probs, int* match_len,
                         int64_t* match_count) const;
   // The `branches` most frequent continuations of the context's longest suffix that
-  // continues with a token other than `exclude` (< 0: any token), each followed by its
-  // draft of at most max_tokens tokens while the draft's cumulative probability given
-  // the branch stays at min_prob:
-  // branch j at out[j * width] and its draft after it, lens[j] = 1 + draft length (0: no
-  // j-th branch).  Ties: the smaller token first, as draft_from.  Returns the branches.
-  // Each draft's cumulative probabilities given its branch (from 1) go to probs[j * width,
-  // + len), and the branch's own probability times `scale` (the chance of the outcome it
-  // follows) to chances[j].
-  int branch_into(const Token* context, size_t n, Token exclude, int branches, int max_tokens,
-                  double min_prob, Token* out, int width, int32_t* lens, double scale,
-                  double* probs, double* chances) const;
+  // continues with a token other than `exclude` (< 0: any token), conditioning on at most
+  // D - b - 1 tokens so that the branch and a draft of b tokens after it fit the depth:
+  // each one's token, the locus after it and its share of the continuations other than
+  // `exclude` (next_prob), most frequent first (ties: the smaller token first, as
+  // draft_from), at most min(branches, kMaxBranches); *m the suffix's length (0: none,
+  // and no branches).  Returns the branches.
+  int branch_points(const Token* context, size_t n, Token exclude, int branches, uint32_t b,
+                    Branch* out, uint32_t* m) const;
   // q[j]: the tree's probability of d[j] after the context and d[0, j) (next_prob along
   // the context's longest suffix of at most D - k tokens; 0 from the first token not
   // seen there, and for every token when no suffix is stored).
@@ -343,10 +348,12 @@ StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees, const StepR
 
 // The lookahead's hypotheses for many rows (DAS under async scheduling: the drafts of
 // step n + 1 are made before step n's tokens are known), assembled: every row with a tree
-// and max_tokens > 0, for each of its pairs (HypothesisRows), gets SuffixTree::branch_into
-// on its context followed by verified[:a], excluding verified[a] when a < sound (the
-// token after a rejected draft is not that draft), under its tree's shared lock, each
-// draft's probability from 1 given its branch; the row verifies the leading slots whose
+// and max_tokens > 0, for each accepted count a, gets SuffixTree::branch_points on its
+// context followed by verified[:a], excluding verified[a] when a < sound (the token after
+// a rejected draft is not that draft), under its tree's shared lock; the outcome (a, x)'s
+// chance is P(a) (path_probs) times x's share; the `hypotheses` most likely outcomes
+// (HypothesisRows) get their drafts, each draft's probability from 1 given its outcome;
+// the row verifies the leading slots whose
 // chance of acceptance, summed over its hypotheses (the outcome's chance times the
 // draft's probability), reaches min_prob, and every draft is cut to them; the
 // outputs are written whole (zeros where there is no hypothesis).  Checked first

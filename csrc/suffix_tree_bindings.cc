@@ -453,8 +453,7 @@ void bind_suffix_tree(py::module_& m) {
         r.max_tokens = array_of<int32_t>(max_tokens, "max_tokens", n, &keep[5]);
         r.min_prob = array_of<double>(min_prob, "min_prob", n, &keep[6]);
         if (branches < 1 || branches > 16) throw py::value_error("branches must be in [1, 16]");
-        if (hypotheses_per_row < branches)
-          throw py::value_error("hypotheses per row must be >= branches");
+        if (hypotheses_per_row < 1) throw py::value_error("hypotheses per row must be >= 1");
         r.branches = branches;
         r.hypotheses = hypotheses_per_row;
         const TreeList list(trees);
@@ -488,18 +487,20 @@ void bind_suffix_tree(py::module_& m) {
       py::arg("branches"), py::arg("hypotheses"),
       "The lookahead's hypotheses of many rows in one call without the GIL, assembled: row "
       "``i`` (``trees[tree_idx[i]]``; a negative index: none) with ``max_tokens[i] > 0`` "
-      "verifies ``verified[i, :sound[i]]`` in the step on the device; for ``a`` in 0, 1 "
-      "and ``sound[i]`` (each once; pair ``s`` = 0, 1, 2), the ``branches`` most frequent "
-      "continuations of ``contexts[i, :context_len[i]] + verified[i, :a]`` other than "
-      "``verified[i, a]`` (when ``a < sound[i]``), each followed by its draft of at most "
-      "``max_tokens[i]`` tokens at ``min_prob[i]``, are hypotheses ``s * branches + j``.  "
-      "Returns ``(lengths, tokens, drafts, branch_len, draft_len, fallback, ns)``: per row "
-      "and hypothesis the tokens assumed (``a + 1``, 0: none) and those tokens (-1 padded; "
-      "a cell without a hypothesis starts with -2), the draft after them (zero padded) and "
-      "1 + its length, each cut to the row's slots; per row those slots (while the "
-      "chance of acceptance summed over its hypotheses is at least ``min_prob[i]``) and its "
-      "fallback (the most tokens assumed, the first branch among equals); ``ns`` the "
-      "call's CPU time.");
+      "verifies ``verified[i, :sound[i]]`` in the step on the device; its outcomes are "
+      "``(a, x)`` for each accepted count ``a`` in 0 .. ``sound[i]`` and ``x`` among the "
+      "``branches`` most frequent continuations of ``contexts[i, :context_len[i]] + "
+      "verified[i, :a]`` other than ``verified[i, a]`` (when ``a < sound[i]``), each with "
+      "the tree's chance (``a``'s by ``path_probs`` times ``x``'s share); its ``hypotheses`` "
+      "most likely outcomes (the more likely first; among equals the smaller ``a``, then "
+      "the more frequent ``x``), each followed by its draft of at most ``max_tokens[i]`` "
+      "tokens at ``min_prob[i]``, are hypotheses 0, 1, ....  Returns ``(lengths, tokens, "
+      "drafts, branch_len, draft_len, fallback, ns)``: per row and hypothesis the tokens "
+      "assumed (``a + 1``, 0: none) and those tokens (-1 padded; a cell without a "
+      "hypothesis starts with -2), the draft after them (zero padded) and 1 + its length, "
+      "each cut to the row's slots; per row those slots (while the chance of acceptance "
+      "summed over its hypotheses is at least ``min_prob[i]``) and its fallback (the most "
+      "tokens assumed, the more likely among equals); ``ns`` the call's CPU time.");
 
   m.def(
       "draft_lists",

@@ -58,9 +58,9 @@ def _draft(tree, s, room, min_prob, alphabet):
     return out, probs
 
 
-def _call(trees, tree_idx, contexts, d, k, b, min_prob, branches):
+def _call(trees, tree_idx, contexts, d, k, b, min_prob, branches, most=64):
     """``tree.hypothesis_drafts`` on lists: row i's context ``contexts[i]``, verifying
-    ``d[i][:k[i]]``, drafting ``b[i]`` tokens."""
+    ``d[i][:k[i]]``, drafting ``b[i]`` tokens; the ``most`` likely outcomes a row."""
     n = len(contexts)
     width = max(1, max(len(c) for c in contexts))
     ctx = np.zeros((n, width), dtype=np.int32)
@@ -73,20 +73,22 @@ def _call(trees, tree_idx, contexts, d, k, b, min_prob, branches):
     k = np.array(k, np.int64)
     b = np.array(b, np.int32)
     return hypothesis_drafts(trees, np.array(tree_idx, np.int32), ctx,
-                           np.array([len(c) for c in contexts], np.int32), ver, k, b,
-                           np.full(n, min_prob), branches,
-                           hypotheses.per_row(k[b > 0], branches))
+                             np.array([len(c) for c in contexts], np.int32), ver, k, b,
+                             np.full(n, min_prob), branches,
+                             hypotheses.per_row(k[b > 0], branches, most))
 
 
 def _branches(tree, contexts, exclude, b, min_prob, branches):
-    """Each context's branches (token, then its draft) other than ``exclude``: pair 0
-    of a row that verifies the one draft ``exclude`` (none where it is < 0)."""
+    """Each context's branches (token, then its draft) other than ``exclude``: the
+    hypotheses of none accepted (most frequent first) of a row that verifies the one
+    draft ``exclude`` (none where it is < 0)."""
     n = len(contexts)
     d = [[e] if e >= 0 else [] for e in exclude]
-    _, tokens, drafts, blen, _, _, _ = _call([tree], [0] * n, contexts, d,
-                                             [len(x) for x in d], [b] * n, min_prob, branches)
+    lengths, tokens, drafts, blen, _, _, _ = _call([tree], [0] * n, contexts, d,
+                                                   [len(x) for x in d], [b] * n, min_prob,
+                                                   branches)
     return [[[int(tokens[i, j, 0]), *drafts[i, j, :blen[i, j] - 1].tolist()]
-             for j in range(branches) if blen[i, j]] for i in range(n)]
+             for j in range(lengths.shape[1]) if lengths[i, j] == 1] for i in range(n)]
 
 
 def test_branches_equal_the_reference():
@@ -106,10 +108,10 @@ def test_branches_equal_the_reference():
             # slots are paid by both of its counts' hypotheses
             k = int(exclude[i] >= 0)
             d = ([exclude[i]] * k + [0] * b)[:b]
-            H = hypotheses.per_row(np.array([k]), branches)
+            H = hypotheses.per_row(np.array([k]), branches, 64)
             lengths, tokens, _, _, own = _reference_hypotheses(tree, c, d, k, b, p, branches,
                                                               alphabet, H)
-            want = [[tokens[j][0], *own[j]] for j in range(branches) if lengths[j]]
+            want = [[tokens[j][0], *own[j]] for j in range(H) if lengths[j] == 1]
             assert got[i] == want, (trial, i)
 
 
@@ -142,8 +144,8 @@ def test_bad_arguments():
         hypothesis_drafts(table, np.array([0], np.int32), ctx, *rest, 0, 6)
     with pytest.raises(ValueError, match="names no tree"):
         hypothesis_drafts(table, np.array([3], np.int32), ctx, *rest, 2, 6)
-    with pytest.raises(ValueError, match="exceed the hypotheses"):
-        hypothesis_drafts(table, np.array([0], np.int32), ctx, *rest, 2, 2)
+    with pytest.raises(ValueError, match="hypotheses per row"):
+        hypothesis_drafts(table, np.array([0], np.int32), ctx, *rest, 2, 0)
     with pytest.raises(ValueError, match="sound"):
         hypothesis_drafts(table, np.array([0], np.int32), ctx, *rest[:2],
                         np.array([3], np.int64), *rest[3:], 2, 6)
@@ -152,36 +154,38 @@ def test_bad_arguments():
 
 
 def _reference_hypotheses(tree, context, d, k, b, min_prob, branches, alphabet, H):
-    """By definition (the module docstring): pair s of a = (0, 1, k)[s] (each count
-    once), branch j of it is hypothesis s * branches + j, assuming d[:a] then the
-    branch token, with the branch's draft after it; slot u of the row is verified while
-    the chance that it is accepted, summed over the hypotheses (the count's chance
-    (:func:`_path_probs`) times the branch's share times the draft's probability of
-    reaching u), is >= ``min_prob``, and every draft is cut to those L slots.  Returns
-    lengths, tokens, drafts (``len(d)`` wide), L and each hypothesis's draft as cut."""
+    """By definition (the module docstring): the outcomes (a, x) for a in 0 … k and x
+    each of the ``branches`` most frequent tokens after the context and d[:a] other than
+    d[a], each with its chance (a's by :func:`_path_probs`, times x's share); the H
+    most likely (the more likely first, among equals the smaller a, then the more
+    frequent x) are hypotheses 0, 1, …, assuming d[:a] then x, with x's draft after it;
+    slot u of the row is verified while the chance that it is accepted, summed over the
+    hypotheses (the outcome's chance times the draft's probability of reaching u), is >=
+    ``min_prob``, and every draft is cut to those L slots.  Returns lengths, tokens,
+    drafts (``len(d)`` wide), L and each hypothesis's draft as cut."""
     lengths, drafts = [0] * H, [[0] * len(d) for _ in range(H)]
     tokens = [[-2] + [-1] * len(d) for _ in range(H)]
     own = [[] for _ in range(H)]
     slot = [0.0] * len(d)
-    counts = [0] + ([1] if k >= 1 else []) + ([k] if k >= 2 else [])
     q = _path_probs(tree, context, d[:k])
-    for s, a in enumerate(counts):
+    outcomes, reach = [], 1.0
+    for a in range(k + 1):
+        chance = reach * (1.0 - q[a]) if a < k else reach
+        if a < k:
+            reach *= q[a]
         if not context and not a:
             continue
         exclude = d[a] if a < k else -1
-        chance = 1.0 - q[a] if a < k else 1.0
-        for j in range(a):
-            chance *= q[j]
         got = _reference(tree, (context + d[:a])[-tree.max_depth:], exclude, branches, b,
                          min_prob, alphabet)
-        for j, (x, draft, probs, share) in enumerate(got):
-            h = s * branches + j
-            lengths[h] = a + 1
-            tokens[h] = d[:a] + [x] + [-1] * (len(d) - a)
-            own[h] = draft[:len(d)]
-            weight = chance * share
-            for u, pr in enumerate(probs[:len(d)]):
-                slot[u] += weight * pr
+        outcomes += [(chance * share, a, x, draft, probs) for x, draft, probs, share in got]
+    outcomes.sort(key=lambda o: -o[0])          # stable: the order found among equals
+    for h, (chance, a, x, draft, probs) in enumerate(outcomes[:H]):
+        lengths[h] = a + 1
+        tokens[h] = d[:a] + [x] + [-1] * (len(d) - a)
+        own[h] = draft[:len(d)]
+        for u, pr in enumerate(probs[:len(d)]):
+            slot[u] += chance * pr
     L = 0
     while L < len(d) and slot[L] > 0.0 and slot[L] >= min_prob:
         L += 1
@@ -211,10 +215,12 @@ def _path_probs(tree, context, d):
     return q
 
 
-def test_hypotheses_equal_the_reference():
+@pytest.mark.parametrize("most", [1, 3, 64])
+def test_hypotheses_equal_the_reference(most):
     """Every row's hypotheses, their layout, longest draft and fallback against the
-    definition, on random trees; rows that draft nothing or have no tree get none."""
-    rng = random.Random(11)
+    definition, on random trees, keeping one, three or every outcome a row; rows that
+    draft nothing or have no tree get none."""
+    rng = random.Random(11 + most)
     for trial in range(60):
         trees = [SuffixTree(max_depth=rng.choice([8, 16, 32]), prior=rng.choice([0.0, 1.0]))
                  for _ in range(2)]
@@ -231,9 +237,9 @@ def test_hypotheses_equal_the_reference():
         idx = [rng.choice([-1, 0, 1, 1]) for _ in range(n)]
         p, branches = rng.choice([0.0, 0.2]), rng.randint(1, 3)
         lengths, tokens, drafts, blen, draft_len, fallback, _ = _call(
-            trees, idx, contexts, d, k, b, p, branches)
+            trees, idx, contexts, d, k, b, p, branches, most)
         H = lengths.shape[1]
-        assert H == hypotheses.per_row(np.array(k)[np.array(b) > 0], branches)
+        assert H == hypotheses.per_row(np.array(k)[np.array(b) > 0], branches, most)
         for i in range(n):
             if b[i] <= 0 or idx[i] < 0:
                 assert not lengths[i].any() and not drafts[i].any(), (trial, i)
@@ -248,36 +254,40 @@ def test_hypotheses_equal_the_reference():
             assert draft_len[i] == want[3], (trial, i)
             assert blen[i].tolist() == [1 + len(x) if L else 0
                                         for x, L in zip(want[4], want[0])], (trial, i)
-            score = [L * H - h % branches if L else -1 for h, L in enumerate(want[0])]
+            score = [L * H - h if L else -1 for h, L in enumerate(want[0])]
             assert fallback[i] == int(np.argmax(score)), (trial, i)
 
 
 def test_hypotheses_by_hand():
     """A row verifying drafts (5, 6) in the step on the device has three outcomes to
     hypothesise: none, one or both accepted; the token after a rejected draft is not
-    that draft."""
+    that draft; the more likely outcome comes first."""
     tree = SuffixTree(32)
     for s, x in enumerate([[1, 2, 5, 6, 7], [1, 2, 8, 9], [1, 2, 5, 3]]):
         tree.insert(s, x)
     lengths, tokens, drafts, _, draft_len, fallback, _ = _call(
         [tree], [0, 0], [[1, 2], [1, 2]], [[5, 6], [5, 6]], [2, 0], [2, 2], 0.0, 2)
-    # row 0: none accepted -> 8 (not 5), then 9; one -> 3 (not 6); both -> 7
-    assert lengths.tolist() == [[1, 0, 2, 0, 3, 0], [1, 1, 0, 0, 0, 0]]
-    assert tokens[0].tolist() == [[8, -1, -1], [-2, -1, -1], [5, 3, -1], [-2, -1, -1],
-                                  [5, 6, 7], [-2, -1, -1]]
+    # row 0: none accepted -> 8 (not 5), then 9; one -> 3 (not 6); both -> 7, each a
+    # chance of 1/3 (none by 1 - 2/3, a hair above the others in floating point)
+    assert lengths.tolist() == [[1, 2, 3, 0, 0, 0], [1, 1, 0, 0, 0, 0]]
+    assert tokens[0].tolist() == [[8, -1, -1], [5, 3, -1], [5, 6, 7], [-2, -1, -1],
+                                  [-2, -1, -1], [-2, -1, -1]]
     assert drafts[0, 0].tolist() == [9, 0]
     # row 1 verifies nothing: its next token is 5 (then 3: a tie with 6, the smaller
     # token first) or 8 (then 9)
     assert tokens[1, :2, 0].tolist() == [5, 8]
     assert drafts[1, :2].tolist() == [[3, 0], [9, 0]]
-    assert draft_len.tolist() == [1, 1] and fallback.tolist() == [4, 0]
+    assert draft_len.tolist() == [1, 1] and fallback.tolist() == [2, 0]
     hyp = hypotheses.Hypotheses(lengths, tokens, drafts, draft_len, fallback)
     # the host's rule: the first hypothesis the sampled tokens equal (-1 padded)
     sampled = np.array([[5, 3, -1], [8, -1, -1]])
-    assert hypotheses.match(sampled, hyp).tolist() == [2, 1]
+    assert hypotheses.match(sampled, hyp).tolist() == [1, 1]
     assert hypotheses.match(np.array([[5, 6, 9], [3, -1, -1]]), hyp).tolist() == [-1, -1]
     # the same tokens and more: not this hypothesis (the -1 padding is compared)
     assert hypotheses.match(np.array([[8, 9, -1], [5, 6, -1]]), hyp).tolist() == [-1, -1]
+    # keeping the two most likely outcomes drops both accepted
+    lengths2, tokens2, *_ = _call([tree], [0], [[1, 2]], [[5, 6]], [2], [2], 0.0, 2, most=2)
+    assert lengths2.tolist() == [[1, 2]] and tokens2[0, 1].tolist() == [5, 3, -1]
     # how they came out: row 0 took 5 then 3 (one accepted, its token hypothesised),
     # row 1 (no sound draft: its next token only) took 8; then row 0 took 5 6 9 (both
     # accepted, 9 not the token hypothesised after them) and row 1 took 3 (not among its
@@ -290,7 +300,7 @@ def test_hypotheses_by_hand():
     assert totals == {"rows": 6, "matched": 2, "count_missed": 1, "token_missed": 3,
                       "next_token_rows": 3, "next_token_matched": 1}
     hyp.without(np.array([False, True]))
-    assert hypotheses.match(sampled, hyp).tolist() == [2, -1]
+    assert hypotheses.match(sampled, hyp).tolist() == [1, -1]
 
 
 def test_device_selection_equals_the_host_rule():
@@ -327,3 +337,20 @@ def test_device_selection_equals_the_host_rule():
         want = hyp.drafts[np.arange(n), np.where(host >= 0, host, hyp.fallback)]
         assert np.array_equal(dev.numpy(), want)
         assert not (host[discard] >= 0).any()
+
+
+def test_a_step_shares_its_hypotheses_among_its_rows():
+    """``most_likely``: the step's budget split among its drafting rows, at least the
+    floor, at most ``MOST_PER_ROW``; H is that or all of a row's outcomes (k + 1 counts ×
+    branches) where fewer; the config rejects floors outside [1, 64]."""
+    from vllm_rl.das.config import DASConfig
+
+    got = [hypotheses.most_likely(r, 4, 4096) for r in (0, 1, 64, 128, 256, 512, 1024, 4096)]
+    assert got == [64, 64, 64, 32, 16, 8, 4, 4]
+    assert hypotheses.most_likely(1024, 8, 0) == 8
+    assert hypotheses.per_row(np.array([2, 0]), 4, 64) == 12
+    assert hypotheses.per_row(np.array([8]), 4, 8) == 8
+    assert hypotheses.per_row(np.array([], dtype=np.int64), 4, 8) == 4
+    for bad in ({"hypotheses": 0}, {"hypotheses": 65}, {"step_hypotheses": -1}):
+        with pytest.raises(ValueError, match="hypotheses"):
+            DASConfig(**bad)

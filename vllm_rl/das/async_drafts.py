@@ -17,8 +17,8 @@ drafter around each step:
 **The lookahead** (``DASConfig.lookahead``, default): nothing waits for step n.  A row's
 context for step n + 1's draft is its window up to step n − 1, then the drafts it
 verifies in step n, then step n's outcome, which is not known yet: the drafter drafts
-for each hypothesis of it (:mod:`.hypotheses`: none, one or every draft accepted, each
-with the tree's most frequent next tokens, one C++ call, :meth:`AsyncDrafts._branches`), and
+for each hypothesis of it (:mod:`.hypotheses`: its most likely outcomes, a of its drafts
+accepted and the tree's next token, one C++ call, :meth:`AsyncDrafts._branches`), and
 the device takes the one step n's sampled tokens bear out
 (:func:`.hypotheses.select_on_device`), queued behind step n's sampling.  Speculative
 verification by rejection sampling is lossless for any proposal (vLLM's rejection
@@ -387,14 +387,17 @@ class AsyncDrafts:
 
     def _branches(self, plan: "_Plan") -> hypotheses.Hypotheses:
         """The lookahead's hypotheses for the drafting rows of ``plan`` (one C++ call,
-        :func:`.hypotheses.build`): per row and count a of its drafts in the step on the
-        device accepted (none, one, all), the ``DASConfig.branches`` most frequent next
-        tokens in its tree other than the rejected draft, each with its draft."""
-        step, S = plan.step, self.slots
+        :func:`.hypotheses.build`): per row, of the outcomes of the step on the device
+        (a of its drafts accepted, then one of the ``DASConfig.branches`` most frequent
+        next tokens in its tree other than the rejected draft), the most likely
+        (:func:`.hypotheses.most_likely`), each with its draft."""
+        step, S, cfg = plan.step, self.slots, self.cfg
         seqs = np.where(step.slots >= 0, S.seq[step.safe], -1)
+        most = hypotheses.most_likely(int((step.max_tokens > 0).sum()), cfg.hypotheses,
+                                      cfg.step_hypotheses)
         hyp, ns = hypotheses.build(self.store, seqs, plan.contexts, plan.context_len, plan.d,
                                    plan.k, step.max_tokens, self._min_prob(step),
-                                   self.cfg.branches)
+                                   cfg.branches, most)
         self.host_ns["draft"] += ns
         return hyp
 

@@ -97,16 +97,22 @@ class DASConfig:
 
     ``lookahead`` (default on; async scheduling only): the drafts of step n + 1 are made
     while step n runs, from the context up to step n - 1, step n's own drafts and
-    hypotheses of its outcome (:mod:`vllm_rl.das.hypotheses`: none, one or every draft
-    accepted, each with the ``branches`` most frequent next tokens in the tree, the
-    rejected draft token excluded); the device takes the hypothesis that step n's
-    sampled tokens bear out, so nothing waits for them and vLLM prepares step n + 1's
-    inputs under step n's forward pass as it does without drafts.  An outcome outside
-    the hypotheses costs the verification of drafts that are rejected, never a token.
-    ``branches=1`` is one next token per count (the default 2 was chosen on one 16 × 8
-    rollout step: ``docs/benchmarks.md``, "DAS's lookahead").  Off: a drafting step waits for step
-    n's tokens and drafts from them (synchronous scheduling's drafts), and that wait and
-    what follows it are host time on the step's path.
+    hypotheses of its outcome (:mod:`vllm_rl.das.hypotheses`): of the outcomes (a, x),
+    a of step n's drafts accepted and x one of the ``branches`` most frequent next
+    tokens in the tree after them (the rejected draft token excluded), the
+    ``hypotheses`` most likely by the tree's chance (a row verifying the default
+    budget's 2b = 8 drafts has at most 36 outcomes); with ``step_hypotheses`` > 0 a step
+    shares that many among its drafting rows instead, at least ``hypotheses`` and at
+    most 64 a row.  The device takes the hypothesis that step n's sampled tokens bear
+    out, so nothing waits for them and vLLM prepares step n + 1's inputs under step n's
+    forward pass as it does without drafts.  An outcome outside the hypotheses costs
+    the verification of drafts that are rejected, never a token.  ``branches=4``,
+    ``hypotheses=8`` and ``step_hypotheses=0`` are the project's, chosen on nine paired
+    seeds at 128 × 8 and the host time at 1,024 live (``docs/benchmarks.md``, "The most
+    likely outcomes").
+    Off: a drafting step waits for step n's tokens and drafts from them (synchronous
+    scheduling's drafts), and that wait and what follows it are host time on the
+    step's path.
     """
 
     budget: int = 4
@@ -128,7 +134,9 @@ class DASConfig:
     background_feed: bool = True
     async_scheduling: bool = True
     lookahead: bool = True
-    branches: int = 2
+    branches: int = 4
+    hypotheses: int = 8
+    step_hypotheses: int = 0
 
     @property
     def draft_cutoff(self) -> float:
@@ -142,6 +150,9 @@ class DASConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.branches <= 16:
             raise ValueError(f"DASConfig.branches={self.branches}: allowed int in [1, 16]")
+        if not 1 <= self.hypotheses <= 64 or self.step_hypotheses < 0:
+            raise ValueError(f"DASConfig.hypotheses={self.hypotheses}, step_hypotheses="
+                             f"{self.step_hypotheses}: allowed ints in [1, 64] and >= 0")
         if not 1 <= self.budget <= MAX_DRAFT // 2:
             raise ValueError(f"DASConfig.budget={self.budget}: allowed int in [1, {MAX_DRAFT // 2}]")
         if self.window < 1 or self.max_stored_tokens < 1:

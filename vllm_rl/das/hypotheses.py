@@ -10,18 +10,21 @@ is one of
 
     context + d_1 … d_a + x,     0 ≤ a ≤ k,  x ≠ d_{a+1} when a < k.
 
-Each hypothesis is one (a, x) for a in 0, 1 and k (none, one or every draft accepted:
-the outcomes that hold most rows, below), x among the ``branches`` most
+The outcomes are the pairs (a, x) for a in 0 … k and x among the ``branches`` most
 frequent continuations of ``context + d_1 … d_a`` in the row's tree other than d_{a+1}
-(``SuffixTree.branch_into``), with the tree's draft after it: one C++ call
-for the step builds them all (:func:`build`).  All of a row's hypotheses
-go to the device; once step n has sampled, the device takes, per row, the first
+(``SuffixTree.branch_points``), each with the tree's chance P(a) · P(x | a) (below).  A
+row's hypotheses are its H most likely outcomes, each with the tree's draft after it:
+one C++ call for the step builds them all (:func:`build`).  H is
+``DASConfig.hypotheses``, or with ``DASConfig.step_hypotheses`` > 0 the step's share of
+it among its drafting rows, at least ``hypotheses`` and at most :data:`MOST_PER_ROW`
+(:func:`most_likely`).  All of a row's hypotheses go to the device; once step n has
+sampled, the device takes, per row, the first
 hypothesis equal to its sampled tokens (:func:`select_on_device`) before vLLM's input
 preparation reads the drafts, so nothing waits on the host.  Where none matches, the row
-verifies the draft of its fallback, the hypothesis that every draft was accepted (the
-zero-bubble assumption of vllm#32951) with the tree's next token: a proposal made on a
-wrong context, which the rejection sampler rejects or accepts on its merits (lossless
-for any proposal).  The
+verifies the draft of its fallback, the hypothesis that assumes the most accepted
+drafts (every draft accepted, the zero-bubble assumption of vllm#32951, where it is
+among them) with the tree's next token: a proposal made on a wrong context, which the
+rejection sampler rejects or accepts on its merits (lossless for any proposal).  The
 host learns which draft was verified when step n's tokens reach it (:func:`match`, the
 same rule).
 
@@ -49,11 +52,12 @@ n's outcome is among the hypotheses, cut to the row's slots: the acceptance the 
 loses is the share of outcomes outside them (``docs/benchmarks.md``, "DAS's
 lookahead").
 
-Why none, one or all: a suffix-tree draft tends to be right to its end or wrong at once.
-Over one 16 × 8 rollout step on the embedded model (the rows verifying 4 drafts: 3,030
-verifications), the accepted count was 0 for 68%, 1 for 13%, 2 for 5%, 3 for 4% and all
-4 for 10%; with 5 drafts 61%, 21%, 3%, 5%, 1% and 8%.  The three counts keep about 90%
-of the rows at a third of the tree work of every count.
+Why the most likely outcomes: a suffix-tree draft tends to be right to its end or wrong
+at once (over one 16 × 8 rollout step the rows verifying 4 drafts accepted 0 of them
+68% of the time, 1 13%, 2 5%, 3 4%, all 4 10%), but at the tail of a step, where its
+few longest samples decide its length, the counts between are the misses that cost
+(``docs/benchmarks.md``, "The most likely outcomes").  Ranking every count's next
+tokens by their chance keeps the outcomes that hold most rows at a bounded tree work.
 """
 from __future__ import annotations
 
@@ -94,24 +98,36 @@ class Hypotheses:
         return np.ascontiguousarray(self.drafts[np.arange(len(self.fallback)), self.fallback])
 
 
-def per_row(k: np.ndarray, branches: int) -> int:
+MOST_PER_ROW = 64      # the most hypotheses a row gets (DASConfig.step_hypotheses)
+
+
+def most_likely(rows: int, least: int, per_step: int) -> int:
+    """How many of its most likely outcomes each row of a step with ``rows`` drafting
+    rows gets: ``per_step`` shared among them, at least ``least`` and at most
+    :data:`MOST_PER_ROW`; ``least`` alone when ``per_step`` is 0 (the default).  Each
+    hypothesis is one tree draft: a full batch, whose host time can exceed its forward
+    pass, can keep few; a narrow step, whose forward pass costs as much at one token a
+    row as at nine, all."""
+    return max(least, min(MOST_PER_ROW, per_step // max(rows, 1)))
+
+
+def per_row(k: np.ndarray, branches: int, most: int) -> int:
     """H, the hypotheses per row of a step whose drafting rows verify ``k`` sound drafts
-    each in the step on the device: ``branches`` per accepted count hypothesised (0, 1
-    and k, each once: 1 + [k >= 1] + [k >= 2] counts), for the row with the most."""
-    pairs = 1 + int((k >= 1).any()) + int((k >= 2).any()) if len(k) else 1
-    return pairs * branches
+    each in the step on the device: the ``most`` likely outcomes, or all of them where a
+    row has fewer (k + 1 counts × ``branches`` next tokens), for the row with the most."""
+    return min(most, (int(k.max()) + 1 if len(k) else 1) * branches)
 
 
 def build(store, seqs: np.ndarray, contexts: np.ndarray, context_len: np.ndarray,
           d: np.ndarray, k: np.ndarray, max_tokens: np.ndarray, min_prob: np.ndarray,
-          branches: int) -> tuple[Hypotheses, int]:
+          branches: int, most: int) -> tuple[Hypotheses, int]:
     """A step's hypotheses in one C++ call (:meth:`vllm_rl.das.store.ProblemTrees.hypothesis_drafts`):
     each row with ``max_tokens > 0``, of rollout ``seqs`` (its tree) and context
-    ``contexts[i, :context_len[i]]``, verifying ``d[i, :k[i]]`` in the step on the device,
-    for a in 0, 1 and k[i] the ``branches`` most frequent next tokens x after ``context +
-    d_1 … d_a`` other than d_{a+1}, each with its draft.  Returns the hypotheses and
-    the call's CPU time (ns)."""
-    H = per_row(k[max_tokens > 0], branches)
+    ``contexts[i, :context_len[i]]``, verifying ``d[i, :k[i]]`` in the step on the device:
+    of the outcomes (a, x), a in 0 … k[i] and x among the ``branches`` most frequent next
+    tokens after ``context + d_1 … d_a`` other than d_{a+1}, the ``most`` likely, each
+    with its draft.  Returns the hypotheses and the call's CPU time (ns)."""
+    H = per_row(k[max_tokens > 0], branches, most)
     lengths, tokens, drafts, _, draft_len, fallback, ns = store.hypothesis_drafts(
         seqs, contexts, context_len, np.ascontiguousarray(d, dtype=np.int32),
         np.ascontiguousarray(k, dtype=np.int64), max_tokens.astype(np.int32),
@@ -167,4 +183,5 @@ def select_on_device(sampled: Any, hyp: Any) -> Any:
     return drafts[torch.arange(n, device=tokens.device), idx]
 
 
-__all__ = ["TALLY", "Hypotheses", "build", "match", "per_row", "select_on_device", "tally"]
+__all__ = ["MOST_PER_ROW", "TALLY", "Hypotheses", "build", "match", "most_likely",
+           "per_row", "select_on_device", "tally"]

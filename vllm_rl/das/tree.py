@@ -128,21 +128,24 @@ def hypothesis_drafts(trees, tree_idx, contexts, context_len, verified, sound, m
     """The lookahead's hypotheses for many rows in one C++ call without the GIL,
     assembled (:mod:`vllm_rl.das.hypotheses`).  Row ``i`` (``trees[tree_idx[i]]``; a
     negative index: none) with ``max_tokens[i] > 0`` verifies ``verified[i,
-    :sound[i]]`` in the step on the device.  For ``a`` in 0, 1 and ``sound[i]`` (each
-    once; pair ``s`` = 0, 1, 2 in that order) it gets the ``branches`` most frequent
-    continuations of ``contexts[i, :context_len[i]] + verified[i, :a]``'s longest suffix
-    that continues with a token other than ``verified[i, a]`` (when ``a < sound[i]``),
-    each followed by its draft of at most ``max_tokens[i]`` tokens at ``min_prob[i]``
-    (cumulative after the branch), ties to the smaller token as ``tree.draft``: branch
-    ``j`` of pair ``s`` is hypothesis ``s * branches + j`` of ``per_row``.  Returns
-    ``(lengths, tokens, drafts, branch_len, draft_len, fallback, ns)``: per row and
-    hypothesis the tokens it assumes (``a + 1``; 0: none) and those tokens
+    :sound[i]]`` in the step on the device.  Its outcomes are ``(a, x)`` for each ``a``
+    in 0 … ``sound[i]`` and ``x`` among the ``branches`` most frequent continuations of
+    ``contexts[i, :context_len[i]] + verified[i, :a]``'s longest suffix that continues
+    with a token other than ``verified[i, a]`` (when ``a < sound[i]``), ties to the
+    smaller token as ``tree.draft``, each with the tree's chance (``a``'s from
+    ``path_probs``, times ``x``'s share of those continuations).  Its ``per_row`` most
+    likely outcomes (the more likely first; among equals the smaller ``a``, then the
+    more frequent ``x``) are its hypotheses 0, 1, …, each followed by its draft of at
+    most ``max_tokens[i]`` tokens at ``min_prob[i]`` (cumulative after the branch).
+    Returns ``(lengths, tokens, drafts, branch_len, draft_len, fallback, ns)``: per row
+    and hypothesis the tokens it assumes (``a + 1``; 0: none) and those tokens
     (``verified[i, :a]``, the branch), the draft after them (zero padded) and 1 + its
     length, each cut to the row's slots; per row those slots (while the chance of
     acceptance summed over its hypotheses, the outcome's chance times the draft's
     probability given it, is at least ``min_prob[i]``: :mod:`vllm_rl.das.hypotheses`)
-    and its fallback (the most tokens assumed, the first branch among equals); ``ns`` the call's CPU time.  Exact dtypes as
-    :func:`feed_and_draft` (int32 ``verified``, int64 ``sound``)."""
+    and its fallback (the most tokens assumed, the more likely among equals); ``ns``
+    the call's CPU time.  Exact dtypes as :func:`feed_and_draft` (int32 ``verified``,
+    int64 ``sound``)."""
     return _C.hypothesis_drafts(trees, tree_idx, contexts, context_len, verified, sound, max_tokens,
                                 min_prob, branches, per_row)
 
