@@ -393,8 +393,9 @@ class AsyncDrafts:
         (:func:`.hypotheses.most_likely`), each with its draft."""
         step, S, cfg = plan.step, self.slots, self.cfg
         seqs = np.where(step.slots >= 0, S.seq[step.safe], -1)
-        most = hypotheses.most_likely(int((step.max_tokens > 0).sum()), cfg.hypotheses,
-                                      cfg.step_hypotheses)
+        most = (hypotheses.most_likely(int((step.max_tokens > 0).sum()), cfg.hypotheses,
+                                       cfg.step_hypotheses)
+                if cfg.step_hypotheses else cfg.hypotheses)
         hyp, ns = hypotheses.build(self.store, seqs, plan.contexts, plan.context_len, plan.d,
                                    plan.k, step.max_tokens, self._min_prob(step),
                                    cfg.branches, most)
