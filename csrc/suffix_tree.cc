@@ -552,25 +552,43 @@ uint32_t SuffixTree::longest_suffix(const Token* context, size_t n, uint32_t cap
   return lo;
 }
 
+// The locus one token t past `at`, if the tree stores that string.
+bool SuffixTree::step(Locus at, Token t, Locus* out) {
+  if (at.off < at.node->len) {
+    if (label(at.node)[at.off] != t) return false;
+    *out = Locus{at.node, at.off + 1};
+    return true;
+  }
+  const Node* c = find_child(at.node, t, nullptr);
+  if (!c) return false;
+  *out = Locus{c, 1};
+  return true;
+}
+
 // Every suffix shorter than the present m-suffix is present; the longest whose locus is
-// `ok` (monotone in the length, as continuing is), by bisection; 0 at the root if none.
+// `ok` (monotone in the length, as continuing is); 0 at the root if none.  A walk costs
+// its length, so the search gallops up from the shortest (lengths 1, 2, 4, … while ok)
+// and bisects the last gap: O(j log j) for an answer j, where a bisection of [0, m) pays
+// O(m log m) however short the answer.
 template <class Ok>
 uint32_t SuffixTree::back_off(const Token* context, size_t n, uint32_t m, Ok ok,
                               Locus* at) const {
   const Token* back = context + n;
   uint32_t lo = 0, hi = m;
   Locus best{&root_, 0};
-  while (hi - lo > 1) {
-    const uint32_t mid = lo + (hi - lo) / 2;
+  auto probe = [&](uint32_t k) {
     Locus got;
-    if (walk(back - mid, mid, &got) != mid) corrupted("suffix of a match not found");
-    if (ok(got)) {
-      lo = mid;
-      best = got;
-    } else {
-      hi = mid;
+    if (walk(back - k, k, &got) != k) corrupted("suffix of a match not found");
+    if (!ok(got)) {
+      hi = k;
+      return false;
     }
-  }
+    lo = k;
+    best = got;
+    return true;
+  };
+  for (uint32_t k = 1; k < hi && probe(k);) k *= 2;
+  while (hi - lo > 1) probe(lo + (hi - lo) / 2);
   *at = best;
   return lo;
 }
@@ -630,18 +648,15 @@ int SuffixTree::draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, To
 // A continuation other than `exclude` is monotone in the suffix length like continuing
 // itself (a shorter suffix occurs wherever a longer one does, with every continuation of
 // it), so the longest suffix that has one is bisected as in draft_into's backoff.
-int SuffixTree::branch_points(const Token* context, size_t n, Token exclude, int branches,
-                              uint32_t b, Branch* out, uint32_t* m_out) const {
+int SuffixTree::branch_points(const Token* context, size_t n, Locus at, uint32_t m,
+                              Token exclude, int branches, Branch* out,
+                              uint32_t* m_out) const {
   *m_out = 0;
   if (branches <= 0) return 0;
-  // Condition on at most D - b - 1 tokens: the branch and b tokens follow within the depth.
-  const uint32_t cap = static_cast<uint32_t>(std::max(max_depth_ - static_cast<int>(b) - 1, 1));
   auto other = [exclude](const Locus& l) {
     if (l.off < l.node->len) return label(l.node)[l.off] != exclude;
     return l.node->nchild > 1 || (l.node->nchild == 1 && l.node->ctok[0] != exclude);
   };
-  Locus at;
-  uint32_t m = longest_suffix(context, n, cap, &at);
   if (m > 0 && !other(at)) m = back_off(context, n, m, other, &at);
   if (m == 0) return 0;
   *m_out = m;
@@ -682,11 +697,15 @@ int SuffixTree::branch_points(const Token* context, size_t n, Token exclude, int
 
 void SuffixTree::path_probs(const Token* context, size_t n, const Token* d, int k,
                             double* q) const {
-  std::fill(q, q + std::max(k, 0), 0.0);
   if (k <= 0) return;
   Locus at;
   const uint32_t m = longest_suffix(context, n, std::max(max_depth_ - k, 1), &at);
-  if (m == 0) return;
+  path_probs_at(at, m, d, k, q);
+}
+
+void SuffixTree::path_probs_at(Locus at, uint32_t m, const Token* d, int k, double* q) const {
+  std::fill(q, q + std::max(k, 0), 0.0);
+  if (k <= 0 || m == 0) return;
   const Node* v = at.node;
   uint32_t off = at.off;
   for (int j = 0; j < k && m + static_cast<uint32_t>(j) < static_cast<uint32_t>(max_depth_);
@@ -993,18 +1012,28 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
   for (int64_t c = 0; c < cells; ++c) r.tokens[c * (K + 1)] = -2;
   std::fill(r.drafts, r.drafts + cells * K, 0);
   std::fill(r.draft_len, r.draft_len + r.rows, 0);
-  // an outcome (a, x): its count, its branch and the suffix it continues
+  // an outcome (a, x): its chance, its count, its branch (the j-th found) and the suffix
+  // it continues
   struct Outcome {
     double chance;
     int32_t a;
+    int32_t j;
     uint32_t m;
     Branch br;
+  };
+  // the most likely first; among equals the smaller count, then the more frequent branch
+  auto before = [](const Outcome& x, const Outcome& y) {
+    if (x.chance != y.chance) return x.chance > y.chance;
+    return x.a != y.a ? x.a < y.a : x.j < y.j;
   };
   std::vector<Token> ctx, out(static_cast<size_t>(r.width));
   std::vector<Outcome> outcomes;
   Branch br[SuffixTree::kMaxBranches];
-  std::vector<double> q, probs(static_cast<size_t>(r.width)),
+  std::vector<double> q, chance_of, probs(static_cast<size_t>(r.width)),
       slot(static_cast<size_t>(std::max<int32_t>(K, 1)), 0.0);
+  std::vector<int32_t> order;
+  std::vector<SuffixTree::Locus> locus;
+  std::vector<uint32_t> suffix;      // per count: its longest suffix's length (+1; 0: none yet)
   std::shared_lock<std::shared_mutex> lock;
   const SuffixTree* held = nullptr;
   for (size_t i = 0; i < r.rows; ++i) {
@@ -1022,14 +1051,43 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
       const size_t n = static_cast<size_t>(r.context_len[i]);
       const uint32_t b = static_cast<uint32_t>(
           std::max(0, std::min({r.max_tokens[i], t->max_depth() - 1, r.width - 1})));
-      // each count's probability by the tree: the first a drafts, then not d[a] (a < k)
+      // condition on at most D - b - 1 tokens: the branch and b tokens follow within the depth
+      const uint32_t cap = static_cast<uint32_t>(std::max(t->max_depth() - static_cast<int>(b) - 1, 1));
+      // the context's longest suffix: count 0's, and path_probs's where neither cap
+      // (D - b - 1 here, D - k there) cuts it
+      locus.resize(static_cast<size_t>(k + 1));
+      suffix.assign(static_cast<size_t>(k + 1), 0);
+      SuffixTree::Locus at0;
+      const uint32_t m0 = t->longest_suffix(row, n, cap, &at0);
+      locus[0] = at0;
+      suffix[0] = m0 + 1;
       q.resize(static_cast<size_t>(std::max<int64_t>(k, 1)));
-      t->path_probs(row, n, d, static_cast<int>(k), q.data());
-      outcomes.clear();
+      const int64_t cap_q = std::max<int64_t>(t->max_depth() - k, 1);
+      if (m0 < cap && m0 <= cap_q)   // the longest suffix, uncut by either cap
+        t->path_probs_at(at0, m0, d, static_cast<int>(k), q.data());
+      else
+        t->path_probs(row, n, d, static_cast<int>(k), q.data());
+      // each count's probability by the tree: the first a drafts, then not d[a] (a < k)
+      chance_of.resize(static_cast<size_t>(k + 1));
       double reach = 1.0;              // q_1 … q_a
       for (int64_t a = 0; a <= k; ++a) {
-        const double chance = a < k ? reach * (1.0 - q[a]) : reach;
+        chance_of[a] = a < k ? reach * (1.0 - q[a]) : reach;
         if (a < k) reach *= q[a];
+      }
+      // the counts by chance: an outcome's chance is at most its count's, so once H outcomes
+      // are at least as likely as a count (strictly more, or more by the order above), none
+      // of that count's or a less likely one's can be among the H
+      order.resize(static_cast<size_t>(k + 1));
+      for (int32_t a = 0; a <= k; ++a) order[a] = a;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t x, int32_t y) { return chance_of[x] > chance_of[y]; });
+      outcomes.clear();
+      for (const int32_t a : order) {
+        if (outcomes.size() >= static_cast<size_t>(H)) {
+          std::nth_element(outcomes.begin(), outcomes.begin() + (H - 1), outcomes.end(), before);
+          const Outcome& last = outcomes[H - 1];
+          if (chance_of[a] < last.chance || (chance_of[a] == last.chance && a > last.a)) break;
+        }
         const size_t total = n + static_cast<size_t>(a);
         if (total == 0) continue;
         // the last max_depth tokens of context + d[:a]
@@ -1039,16 +1097,29 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
           const size_t at = total - keep + j;
           ctx[j] = at < n ? row[at] : d[at - n];
         }
-        uint32_t m = 0;
-        const int got = t->branch_points(ctx.data(), keep, a < k ? d[a] : -1, B, b, br, &m);
+        // its longest suffix.  The longest stored suffix of s + t is at most one token
+        // longer than s's (a prefix of a stored string is stored), so from the nearest
+        // count below whose suffix is known, one step a token while the step exists and
+        // the cap allows; else a search
+        int32_t p = a;
+        while (!suffix[p]) --p;          // suffix[0] is known
+        for (; p < a && suffix[p] - 1 < cap && SuffixTree::step(locus[p], d[p], &locus[p + 1]);
+             ++p)
+          suffix[p + 1] = suffix[p] + 1;
+        if (p < a) {
+          SuffixTree::Locus got;
+          suffix[a] = t->longest_suffix(ctx.data(), keep, cap, &got) + 1;
+          locus[a] = got;
+        }
+        const SuffixTree::Locus at = locus[a];
+        const uint32_t m = suffix[a] - 1;
+        uint32_t mb = 0;
+        const int got = t->branch_points(ctx.data(), keep, at, m, a < k ? d[a] : -1, B, br, &mb);
         for (int j = 0; j < got; ++j)
-          outcomes.push_back(Outcome{chance * br[j].share, static_cast<int32_t>(a), m, br[j]});
+          outcomes.push_back(Outcome{chance_of[a] * br[j].share, a, j, mb, br[j]});
       }
-      // the most likely first; among equals the smaller count, then the more frequent
-      // branch (the order they were found in)
       const size_t take = std::min<size_t>(outcomes.size(), static_cast<size_t>(H));
-      std::stable_sort(outcomes.begin(), outcomes.end(),
-                       [](const Outcome& x, const Outcome& y) { return x.chance > y.chance; });
+      std::partial_sort(outcomes.begin(), outcomes.begin() + take, outcomes.end(), before);
       for (size_t h = 0; h < take; ++h) {
         const Outcome& o = outcomes[h];
         const int64_t cell = static_cast<int64_t>(i) * H + static_cast<int64_t>(h);

@@ -257,6 +257,8 @@ class SuffixTree {
   // max_depth are read.
   uint32_t walk(const Token* pat, uint32_t k, Locus* out) const;
   uint32_t longest_suffix(const Token* context, size_t n, uint32_t cap, Locus* out) const;
+  // The locus one token t past `at`, if the tree stores that string.
+  static bool step(Locus at, Token t, Locus* out);
   // The longest suffix shorter than m (all present) whose locus satisfies `ok`, a
   // predicate monotone in the suffix length; its locus in *at (the root for 0).
   template <class Ok>
@@ -274,18 +276,21 @@ class SuffixTree {
                         double min_prob, Token* out, double* probs, int* match_len,
                         int64_t* match_count) const;
   // The `branches` most frequent continuations of the context's longest suffix that
-  // continues with a token other than `exclude` (< 0: any token), conditioning on at most
-  // D - b - 1 tokens so that the branch and a draft of b tokens after it fit the depth:
-  // each one's token, the locus after it and its share of the continuations other than
-  // `exclude` (next_prob), most frequent first (ties: the smaller token first, as
-  // draft_from), at most min(branches, kMaxBranches); *m the suffix's length (0: none,
+  // continues with a token other than `exclude` (< 0: any token), given the locus `at` of
+  // its longest present suffix of m <= cap tokens (longest_suffix; the hypotheses condition
+  // on at most D - b - 1 tokens so that the branch and a draft of b tokens after it fit the
+  // depth): each one's token, the locus after it and its share of the continuations other
+  // than `exclude` (next_prob), most frequent first (ties: the smaller token first, as
+  // draft_from), at most min(branches, kMaxBranches); *m_out the suffix's length (0: none,
   // and no branches).  Returns the branches.
-  int branch_points(const Token* context, size_t n, Token exclude, int branches, uint32_t b,
-                    Branch* out, uint32_t* m) const;
+  int branch_points(const Token* context, size_t n, Locus at, uint32_t m, Token exclude,
+                    int branches, Branch* out, uint32_t* m_out) const;
   // q[j]: the tree's probability of d[j] after the context and d[0, j) (next_prob along
   // the context's longest suffix of at most D - k tokens; 0 from the first token not
   // seen there, and for every token when no suffix is stored).
   void path_probs(const Token* context, size_t n, const Token* d, int k, double* q) const;
+  // path_probs from `at`, the locus of that suffix, of m tokens.
+  void path_probs_at(Locus at, uint32_t m, const Token* d, int k, double* q) const;
   static bool continues(const Locus& l) { return l.off < l.node->len || l.node->nchild > 0; }
   Draft draft_unlocked(const std::vector<Token>& context, int max_tokens, double min_prob,
                        bool backoff = false) const;

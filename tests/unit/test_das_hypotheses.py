@@ -258,6 +258,43 @@ def test_hypotheses_equal_the_reference(most):
             assert fallback[i] == int(np.argmax(score)), (trial, i)
 
 
+@pytest.mark.parametrize("most", [2, 8])
+def test_hypotheses_equal_the_reference_on_the_trees_own_drafts(most):
+    """As above, each row verifying the tree's own draft of its context (what the drafter
+    gave it, so every count's suffix is one step from the count's below it until the
+    depth's cap), on longer rollouts and drafts: the counts taken by their chance and
+    the stop once ``most`` outcomes outrank the next count give the definition's
+    hypotheses."""
+    rng = random.Random(5 + most)
+    for trial in range(40):
+        tree = SuffixTree(max_depth=rng.choice([6, 12, 32]), prior=rng.choice([0.0, 0.5]))
+        alphabet = rng.randint(3, 8)
+        text = [rng.randrange(alphabet) for _ in range(80)]
+        for s in range(rng.randint(2, 6)):
+            tree.insert(s, [t if rng.random() > 0.15 else rng.randrange(alphabet)
+                            for t in text])
+        n, K = rng.randint(1, 6), rng.randint(1, 8)
+        contexts, d = [], []
+        for _ in range(n):
+            cut = rng.randint(1, 70)
+            contexts.append(text[max(0, cut - rng.randint(1, 30)):cut])
+            own = tree.draft(contexts[-1], K, 0.0, True)
+            d.append((own + [rng.randrange(alphabet) for _ in range(K)])[:K])
+        k = [rng.randint(0, K) for _ in range(n)]
+        b = [rng.choice([1, K]) for _ in range(n)]
+        p, branches = rng.choice([0.0, 0.2]), rng.randint(1, 4)
+        lengths, tokens, drafts, _, draft_len, fallback, _ = _call(
+            [tree], [0] * n, contexts, d, k, b, p, branches, most)
+        H = lengths.shape[1]
+        for i in range(n):
+            want = _reference_hypotheses(tree, contexts[i], d[i], k[i], b[i], p, branches,
+                                         alphabet, H)
+            assert lengths[i].tolist() == want[0], (trial, i)
+            assert tokens[i].tolist() == want[1], (trial, i)
+            assert drafts[i].tolist() == want[2], (trial, i)
+            assert draft_len[i] == want[3], (trial, i)
+
+
 def test_hypotheses_by_hand():
     """A row verifying drafts (5, 6) in the step on the device has three outcomes to
     hypothesise: none, one or both accepted; the token after a rejected draft is not
