@@ -59,12 +59,19 @@ def count_drafts(members: dict, requests: dict, spec_tokens: dict, sampled,
 
     Under async scheduling the scheduler's ``spec_tokens`` are placeholders (-1) and the
     worker verified each sample on its real draft only: ``drafted`` (the step's
-    ``StepOutput.drafts``, :mod:`vllm_rl.step_output`) has those counts.
-    Returns the draft tokens verified in the step (flagged samples)."""
+    ``StepOutput.drafts``, :mod:`vllm_rl.step_output`) has those counts, one per sample
+    that verified a draft.  A sample outside it sampled one token and accepted nothing,
+    which its ``step_accepted`` already says (:func:`keep_accepted` zeroes it after
+    each update), so only ``drafted``'s samples are visited: the step's drafting rows,
+    not its batch.  Returns the draft tokens verified in the step (flagged samples)."""
     if not sampled:
         return 0
     total = 0
-    for req_id, spec in spec_tokens.items():
+    if drafted is not None:
+        counted = ((rid, k) for rid, k in drafted.items() if rid in spec_tokens)
+    else:
+        counted = ((rid, sum(1 for t in spec if t >= 0)) for rid, spec in spec_tokens.items())
+    for req_id, k in counted:
         member = members.get(req_id)
         i = index.get(req_id)
         request = requests.get(req_id)
@@ -72,8 +79,6 @@ def count_drafts(members: dict, requests: dict, spec_tokens: dict, sampled,
                 or not sampled[i]:
             continue
         sample = member.das
-        k = (drafted.get(req_id, 0) if drafted is not None
-             else sum(1 for t in spec if t >= 0))
         if k:
             sample.proposed += k
             sample.rounds += 1

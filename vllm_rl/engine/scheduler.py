@@ -197,6 +197,9 @@ class RLSchedulerMixin(TraceMixin):
         if step is not None and step.drafting is not None:
             self.rl_das_drafting = step.drafting
             self.rl_das_drafts_for = step.drafts_for
+        # the samples that verified drafts this step: the worker's counts under async
+        # scheduling, else every speculative request
+        verified = step.drafts if step is not None and step.drafts is not None else spec
         if self.rl_das_live:
             drafted = spec and das.count_drafts(
                 members, self.requests, spec, model_runner_output.sampled_token_ids,
@@ -207,7 +210,7 @@ class RLSchedulerMixin(TraceMixin):
             self._take_verdicts(step.verdicts)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if spec and self.rl_das_live:
-            self._keep_accepted(spec)
+            self._keep_accepted(verified)
         self._apply_rules(scheduler_output.num_scheduled_tokens, outputs)
         if self._watched:
             self._check_watched()
@@ -217,11 +220,11 @@ class RLSchedulerMixin(TraceMixin):
             self._end_steps(outputs)
         return outputs
 
-    def _keep_accepted(self, spec: dict) -> None:
-        """DAS: of the drafts each sample verified this step (the step's speculative
-        requests), the accepted ones it kept, before any rule writes its record."""
+    def _keep_accepted(self, verified) -> None:
+        """DAS: of the drafts each sample verified this step (``verified``: the samples
+        that did), the accepted ones it kept, before any rule writes its record."""
         requests, get = self.requests, self.rl_members.get
-        for rid in spec:
+        for rid in verified:
             member = get(rid)
             if member is None or member.das is None or not member.das.step_accepted:
                 continue
