@@ -49,7 +49,8 @@ def _proposer(cfg: dict, max_model_len: int, k_max: int, cost):
                                        model_config=SimpleNamespace(max_model_len=max_model_len)))
 
 
-def _noisy(rng: random.Random, text: list[int], p: float) -> list[int]:
+def noisy(rng: random.Random, text: list[int], p: float) -> list[int]:
+    """``text`` with each token replaced by a random one with probability ``p``."""
     return [rng.randrange(3, VOCAB) if rng.random() < p else t for t in text]
 
 
@@ -98,7 +99,7 @@ def measure(rows: int, steps: int, *, group: int = 8, policy: str = "fixed",
     for j in range(n_problems):
         text = [rng.randrange(3, VOCAB) for _ in range(length)]
         pr = [rng.randrange(3, VOCAB) for _ in range(prompt)]
-        p.prebuild(f"P{j}", [_noisy(rng, text, noise) + [EOS] for _ in range(prebuilt)], pr)
+        p.prebuild(f"P{j}", [noisy(rng, text, noise) + [EOS] for _ in range(prebuilt)], pr)
         prompts.append(pr)
         targets.append(text)
     follow = []
@@ -114,7 +115,7 @@ def measure(rows: int, steps: int, *, group: int = 8, policy: str = "fixed",
         batch.num_prompt_tokens[i] = prompt
         batch.token_ids_cpu[i, :prompt] = prompts[j]
         batch.num_tokens_no_spec[i] = prompt
-        follow.append(_noisy(rng, targets[j], noise))
+        follow.append(noisy(rng, targets[j], noise))
     pos = [0] * rows
     drafts: list[list[int]] = [[] for _ in range(rows)]
     total_ns = cpu_ns = 0

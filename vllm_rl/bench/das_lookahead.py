@@ -11,7 +11,7 @@ row's context is its own noisy copy cut at a random point, and the ``k`` drafts 
 verifies in the step on the device are the tree's draft after that context (what the
 drafter gave it), so the row's outcomes are those of a real draft.  The call's own CPU
 time per row (ns), best of ``repeats`` calls in one process: the trees' memory layout
-differs from process to process, and the figure with it (up to 4× for the cheapest
+differs from process to process, and the figure with it (up to 5× for the cheapest
 calls on this machine), so compare settings within a run and builds over several runs.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import random
 
 import numpy as np
 
-from vllm_rl.bench.das_host import _noisy
+from vllm_rl.bench.das_host import noisy
 
 
 def _step(rows: int, group: int, prebuilt: int, length: int, vocab: int, noise: float,
@@ -35,12 +35,12 @@ def _step(rows: int, group: int, prebuilt: int, length: int, vocab: int, noise: 
         tree = SuffixTree(depth)
         text = [rng.randrange(3, vocab) for _ in range(length)]
         for g in range(prebuilt):
-            tree.insert(j * prebuilt + g, _noisy(rng, text, noise))
+            tree.insert(j * prebuilt + g, noisy(rng, text, noise))
         table.add(tree)
         trees.append(tree)
         for _ in range(group):
             cut = rng.randrange(depth, length - depth)
-            rows_of.append((j, _noisy(rng, text, noise)[cut - depth:cut]))
+            rows_of.append((j, noisy(rng, text, noise)[cut - depth:cut]))
     return table, trees, rows_of[:rows]
 
 

@@ -197,20 +197,20 @@ class RLSchedulerMixin(TraceMixin):
         if step is not None and step.drafting is not None:
             self.rl_das_drafting = step.drafting
             self.rl_das_drafts_for = step.drafts_for
-        # the samples that verified drafts this step: the worker's counts under async
-        # scheduling, else every speculative request
-        verified = step.drafts if step is not None and step.drafts is not None else spec
+        # the worker's draft counts under async scheduling (None: the scheduler's own
+        # speculative tokens are the drafts)
+        drafts = step.drafts if step is not None else None
         if self.rl_das_live:
             drafted = spec and das.count_drafts(
                 members, self.requests, spec, model_runner_output.sampled_token_ids,
-                model_runner_output.req_id_to_index, step and step.drafts)
+                model_runner_output.req_id_to_index, drafts)
             if not drafted:
                 self.rl_das_quiet.steps += 1
         if step is not None and step.verdicts:
             self._take_verdicts(step.verdicts)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if spec and self.rl_das_live:
-            self._keep_accepted(verified)
+            self._keep_accepted(spec if drafts is None else drafts)
         self._apply_rules(scheduler_output.num_scheduled_tokens, outputs)
         if self._watched:
             self._check_watched()
