@@ -2,12 +2,16 @@
 #include "suffix_tree.h"
 
 #include <algorithm>
+#include <atomic>
 #include <ctime>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <new>
+#include <system_error>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -982,14 +986,179 @@ StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees, const StepR
   return times;
 }
 
+// One thread's share of hypotheses(): its scratch space and the tree it holds (shared).
+struct HypothesisWork {
+  explicit HypothesisWork(const HypothesisRows& r)
+      : out(static_cast<size_t>(r.width)),
+        probs(static_cast<size_t>(r.width)),
+        slot(static_cast<size_t>(std::max<int32_t>(r.k_max, 1)), 0.0) {}
+
+  // An outcome (a, x) of a row: its chance, its count, its branch (the j-th found) and
+  // the suffix it continues.
+  struct Outcome {
+    double chance;
+    int32_t a;
+    int32_t j;
+    uint32_t m;
+    SuffixTree::Branch br;
+  };
+  // The most likely first; among equals the smaller count, then the more frequent branch.
+  static bool more_likely(const Outcome& x, const Outcome& y) {
+    if (x.chance != y.chance) return x.chance > y.chance;
+    return x.a != y.a ? x.a < y.a : x.j < y.j;
+  }
+
+  std::vector<Token> ctx, out;
+  std::vector<Outcome> outcomes;
+  SuffixTree::Branch br[SuffixTree::kMaxBranches];
+  std::vector<double> q, chance_of, probs, slot;
+  std::vector<int32_t> order;
+  std::vector<SuffixTree::Locus> locus;
+  std::vector<uint32_t> suffix;  // per count: its longest suffix's length (+1; 0: none yet)
+  std::shared_lock<std::shared_mutex> lock;
+  const SuffixTree* held = nullptr;
+
+  // Row i's hypotheses, drafts and slots into r's outputs (row i's cells only).
+  void row(SuffixTree* const* trees, const HypothesisRows& r, size_t i);
+};
+
+void HypothesisWork::row(SuffixTree* const* trees, const HypothesisRows& r, size_t i) {
+  const int32_t B = r.branches, H = r.hypotheses, K = r.k_max;
+  int32_t* lengths = r.lengths + static_cast<int64_t>(i) * H;
+  int64_t best = -1, fallback = 0;
+  if (r.max_tokens[i] > 0 && r.tree[i] >= 0) {
+    const SuffixTree* t = trees[r.tree[i]];
+    if (t != held) {
+      lock = std::shared_lock<std::shared_mutex>(t->mu_);
+      held = t;
+    }
+    const int64_t k = r.sound[i];
+    const Token* d = r.verified + static_cast<int64_t>(i) * r.verified_stride;
+    const Token* row = r.context + static_cast<int64_t>(i) * r.stride;
+    const size_t n = static_cast<size_t>(r.context_len[i]);
+    const uint32_t b = static_cast<uint32_t>(
+        std::max(0, std::min({r.max_tokens[i], t->max_depth() - 1, r.width - 1})));
+    // condition on at most D - b - 1 tokens: the branch and b tokens follow within the depth
+    const uint32_t cap = static_cast<uint32_t>(std::max(t->max_depth() - static_cast<int>(b) - 1, 1));
+    // the context's longest suffix: count 0's, and path_probs's where neither cap
+    // (D - b - 1 here, D - k there) cuts it
+    locus.resize(static_cast<size_t>(k + 1));
+    suffix.assign(static_cast<size_t>(k + 1), 0);
+    SuffixTree::Locus at0;
+    const uint32_t m0 = t->longest_suffix(row, n, cap, &at0);
+    locus[0] = at0;
+    suffix[0] = m0 + 1;
+    q.resize(static_cast<size_t>(std::max<int64_t>(k, 1)));
+    const int64_t cap_q = std::max<int64_t>(t->max_depth() - k, 1);
+    if (m0 < cap && m0 <= cap_q)   // the longest suffix, uncut by either cap
+      t->path_probs_at(at0, m0, d, static_cast<int>(k), q.data());
+    else
+      t->path_probs(row, n, d, static_cast<int>(k), q.data());
+    // each count's probability by the tree: the first a drafts, then not d[a] (a < k)
+    chance_of.resize(static_cast<size_t>(k + 1));
+    double reach = 1.0;              // q_1 … q_a
+    for (int64_t a = 0; a <= k; ++a) {
+      chance_of[a] = a < k ? reach * (1.0 - q[a]) : reach;
+      if (a < k) reach *= q[a];
+    }
+    // the counts by chance: an outcome's chance is at most its count's, so once H outcomes
+    // are at least as likely as a count (strictly more, or more by the order above), none
+    // of that count's or a less likely one's can be among the H
+    order.resize(static_cast<size_t>(k + 1));
+    for (int32_t a = 0; a <= k; ++a) order[a] = a;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t x, int32_t y) { return chance_of[x] > chance_of[y]; });
+    outcomes.clear();
+    for (const int32_t a : order) {
+      if (outcomes.size() >= static_cast<size_t>(H)) {
+        std::nth_element(outcomes.begin(), outcomes.begin() + (H - 1), outcomes.end(),
+                         more_likely);
+        const Outcome& last = outcomes[H - 1];
+        if (chance_of[a] < last.chance || (chance_of[a] == last.chance && a > last.a)) break;
+      }
+      const size_t total = n + static_cast<size_t>(a);
+      if (total == 0) continue;
+      // the last max_depth tokens of context + d[:a]
+      const size_t keep = std::min<size_t>(total, static_cast<size_t>(t->max_depth()));
+      ctx.resize(keep);
+      for (size_t j = 0; j < keep; ++j) {
+        const size_t at = total - keep + j;
+        ctx[j] = at < n ? row[at] : d[at - n];
+      }
+      // its longest suffix.  The longest stored suffix of s + t is at most one token
+      // longer than s's (a prefix of a stored string is stored), so from the nearest
+      // count below whose suffix is known, one step a token while the step exists and
+      // the cap allows; else a search
+      int32_t p = a;
+      while (!suffix[p]) --p;          // suffix[0] is known
+      for (; p < a && suffix[p] - 1 < cap && SuffixTree::step(locus[p], d[p], &locus[p + 1]);
+           ++p)
+        suffix[p + 1] = suffix[p] + 1;
+      if (p < a) {
+        SuffixTree::Locus got;
+        suffix[a] = t->longest_suffix(ctx.data(), keep, cap, &got) + 1;
+        locus[a] = got;
+      }
+      const SuffixTree::Locus at = locus[a];
+      const uint32_t m = suffix[a] - 1;
+      uint32_t mb = 0;
+      const int got = t->branch_points(ctx.data(), keep, at, m, a < k ? d[a] : -1, B, br, &mb);
+      for (int j = 0; j < got; ++j)
+        outcomes.push_back(Outcome{chance_of[a] * br[j].share, a, j, mb, br[j]});
+    }
+    const size_t take = std::min<size_t>(outcomes.size(), static_cast<size_t>(H));
+    std::partial_sort(outcomes.begin(), outcomes.begin() + take, outcomes.end(), more_likely);
+    for (size_t h = 0; h < take; ++h) {
+      const Outcome& o = outcomes[h];
+      const int64_t cell = static_cast<int64_t>(i) * H + static_cast<int64_t>(h);
+      Token* tok = r.tokens + cell * (K + 1);
+      std::copy(d, d + o.a, tok);
+      tok[o.a] = o.br.tok;
+      lengths[h] = o.a + 1;
+      int match_len = 0;
+      int64_t match_count = 0;
+      const int len = b ? t->draft_from(o.br.next, o.m + 1, b, r.min_prob[i], out.data(),
+                                        probs.data(), &match_len, &match_count)
+                        : 0;
+      r.branch_len[cell] = 1 + len;
+      const int32_t u_max = std::min<int32_t>(std::max(len, 0), K);
+      if (u_max > 0) std::copy(out.data(), out.data() + u_max, r.drafts + cell * K);
+      // slot u is accepted under this hypothesis with its chance times the draft's
+      // probability of reaching u given it
+      for (int32_t u = 0; u < u_max; ++u) slot[u] += o.chance * probs[u];
+      // the fallback: the most tokens assumed, the more likely among equals
+      const int64_t score = lengths[h] * static_cast<int64_t>(H) - static_cast<int64_t>(h);
+      if (score > best) {
+        best = score;
+        fallback = static_cast<int64_t>(h);
+      }
+    }
+  }
+  // the row verifies the slots whose chance of acceptance, summed over its hypotheses
+  // (at most one holds), reaches its cutoff; each hypothesis's draft is cut there
+  int32_t L = 0;
+  while (L < K && slot[L] > 0.0 && slot[L] >= r.min_prob[i]) ++L;
+  r.draft_len[i] = L;
+  for (int64_t h = 0; h < H; ++h) {   // only drafts longer than L hold tokens past it
+    const int64_t cell = static_cast<int64_t>(i) * H + h;
+    if (r.branch_len[cell] <= 1 + L) continue;
+    Token* draft = r.drafts + cell * K;
+    std::fill(draft + L, draft + std::min<int32_t>(r.branch_len[cell] - 1, K), 0);
+    r.branch_len[cell] = 1 + L;
+  }
+  std::fill(slot.begin(), slot.end(), 0.0);
+  r.fallback[i] = fallback;
+}
+
 int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisRows& r) {
-  using Branch = SuffixTree::Branch;
   const int32_t B = r.branches, H = r.hypotheses, K = r.k_max;
   if (B < 1 || B > SuffixTree::kMaxBranches)
     throw std::invalid_argument("branches must be in [1, 16]");
   if (H < 1) throw std::invalid_argument("hypotheses per row must be >= 1");
   if (r.width < 1) throw std::invalid_argument("width must be >= 1");
   if (K < 0) throw std::invalid_argument("k_max must be >= 0");
+  if (r.threads < 1) throw std::invalid_argument("threads must be >= 1");
+  size_t drafting = 0;
   for (size_t i = 0; i < r.rows; ++i) {
     if (r.max_tokens[i] <= 0) continue;
     if (r.sound[i] < 0 || r.sound[i] > K) bad_row(i, "sound must be in [0, k_max]");
@@ -1001,8 +1170,8 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
       bad_row(i, "context length must be in [0, the context array's columns]");
     if (!(r.min_prob[i] >= 0.0 && r.min_prob[i] <= 1.0))
       bad_row(i, "min_prob must be in [0, 1]");
+    ++drafting;
   }
-  const int64_t t0 = now_ns();
   const int64_t cells = static_cast<int64_t>(r.rows) * H;
   std::fill(r.lengths, r.lengths + cells, 0);
   std::fill(r.branch_len, r.branch_len + cells, 0);
@@ -1012,156 +1181,57 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
   for (int64_t c = 0; c < cells; ++c) r.tokens[c * (K + 1)] = -2;
   std::fill(r.drafts, r.drafts + cells * K, 0);
   std::fill(r.draft_len, r.draft_len + r.rows, 0);
-  // an outcome (a, x): its chance, its count, its branch (the j-th found) and the suffix
-  // it continues
-  struct Outcome {
-    double chance;
-    int32_t a;
-    int32_t j;
-    uint32_t m;
-    Branch br;
-  };
-  // the most likely first; among equals the smaller count, then the more frequent branch
-  auto before = [](const Outcome& x, const Outcome& y) {
-    if (x.chance != y.chance) return x.chance > y.chance;
-    return x.a != y.a ? x.a < y.a : x.j < y.j;
-  };
-  std::vector<Token> ctx, out(static_cast<size_t>(r.width));
-  std::vector<Outcome> outcomes;
-  Branch br[SuffixTree::kMaxBranches];
-  std::vector<double> q, chance_of, probs(static_cast<size_t>(r.width)),
-      slot(static_cast<size_t>(std::max<int32_t>(K, 1)), 0.0);
-  std::vector<int32_t> order;
-  std::vector<SuffixTree::Locus> locus;
-  std::vector<uint32_t> suffix;      // per count: its longest suffix's length (+1; 0: none yet)
-  std::shared_lock<std::shared_mutex> lock;
-  const SuffixTree* held = nullptr;
-  for (size_t i = 0; i < r.rows; ++i) {
-    int32_t* lengths = r.lengths + static_cast<int64_t>(i) * H;
-    int64_t best = -1, fallback = 0;
-    if (r.max_tokens[i] > 0 && r.tree[i] >= 0) {
-      const SuffixTree* t = trees[r.tree[i]];
-      if (t != held) {
-        lock = std::shared_lock<std::shared_mutex>(t->mu_);
-        held = t;
-      }
-      const int64_t k = r.sound[i];
-      const Token* d = r.verified + static_cast<int64_t>(i) * r.verified_stride;
-      const Token* row = r.context + static_cast<int64_t>(i) * r.stride;
-      const size_t n = static_cast<size_t>(r.context_len[i]);
-      const uint32_t b = static_cast<uint32_t>(
-          std::max(0, std::min({r.max_tokens[i], t->max_depth() - 1, r.width - 1})));
-      // condition on at most D - b - 1 tokens: the branch and b tokens follow within the depth
-      const uint32_t cap = static_cast<uint32_t>(std::max(t->max_depth() - static_cast<int>(b) - 1, 1));
-      // the context's longest suffix: count 0's, and path_probs's where neither cap
-      // (D - b - 1 here, D - k there) cuts it
-      locus.resize(static_cast<size_t>(k + 1));
-      suffix.assign(static_cast<size_t>(k + 1), 0);
-      SuffixTree::Locus at0;
-      const uint32_t m0 = t->longest_suffix(row, n, cap, &at0);
-      locus[0] = at0;
-      suffix[0] = m0 + 1;
-      q.resize(static_cast<size_t>(std::max<int64_t>(k, 1)));
-      const int64_t cap_q = std::max<int64_t>(t->max_depth() - k, 1);
-      if (m0 < cap && m0 <= cap_q)   // the longest suffix, uncut by either cap
-        t->path_probs_at(at0, m0, d, static_cast<int>(k), q.data());
-      else
-        t->path_probs(row, n, d, static_cast<int>(k), q.data());
-      // each count's probability by the tree: the first a drafts, then not d[a] (a < k)
-      chance_of.resize(static_cast<size_t>(k + 1));
-      double reach = 1.0;              // q_1 … q_a
-      for (int64_t a = 0; a <= k; ++a) {
-        chance_of[a] = a < k ? reach * (1.0 - q[a]) : reach;
-        if (a < k) reach *= q[a];
-      }
-      // the counts by chance: an outcome's chance is at most its count's, so once H outcomes
-      // are at least as likely as a count (strictly more, or more by the order above), none
-      // of that count's or a less likely one's can be among the H
-      order.resize(static_cast<size_t>(k + 1));
-      for (int32_t a = 0; a <= k; ++a) order[a] = a;
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int32_t x, int32_t y) { return chance_of[x] > chance_of[y]; });
-      outcomes.clear();
-      for (const int32_t a : order) {
-        if (outcomes.size() >= static_cast<size_t>(H)) {
-          std::nth_element(outcomes.begin(), outcomes.begin() + (H - 1), outcomes.end(), before);
-          const Outcome& last = outcomes[H - 1];
-          if (chance_of[a] < last.chance || (chance_of[a] == last.chance && a > last.a)) break;
-        }
-        const size_t total = n + static_cast<size_t>(a);
-        if (total == 0) continue;
-        // the last max_depth tokens of context + d[:a]
-        const size_t keep = std::min<size_t>(total, static_cast<size_t>(t->max_depth()));
-        ctx.resize(keep);
-        for (size_t j = 0; j < keep; ++j) {
-          const size_t at = total - keep + j;
-          ctx[j] = at < n ? row[at] : d[at - n];
-        }
-        // its longest suffix.  The longest stored suffix of s + t is at most one token
-        // longer than s's (a prefix of a stored string is stored), so from the nearest
-        // count below whose suffix is known, one step a token while the step exists and
-        // the cap allows; else a search
-        int32_t p = a;
-        while (!suffix[p]) --p;          // suffix[0] is known
-        for (; p < a && suffix[p] - 1 < cap && SuffixTree::step(locus[p], d[p], &locus[p + 1]);
-             ++p)
-          suffix[p + 1] = suffix[p] + 1;
-        if (p < a) {
-          SuffixTree::Locus got;
-          suffix[a] = t->longest_suffix(ctx.data(), keep, cap, &got) + 1;
-          locus[a] = got;
-        }
-        const SuffixTree::Locus at = locus[a];
-        const uint32_t m = suffix[a] - 1;
-        uint32_t mb = 0;
-        const int got = t->branch_points(ctx.data(), keep, at, m, a < k ? d[a] : -1, B, br, &mb);
-        for (int j = 0; j < got; ++j)
-          outcomes.push_back(Outcome{chance_of[a] * br[j].share, a, j, mb, br[j]});
-      }
-      const size_t take = std::min<size_t>(outcomes.size(), static_cast<size_t>(H));
-      std::partial_sort(outcomes.begin(), outcomes.begin() + take, outcomes.end(), before);
-      for (size_t h = 0; h < take; ++h) {
-        const Outcome& o = outcomes[h];
-        const int64_t cell = static_cast<int64_t>(i) * H + static_cast<int64_t>(h);
-        Token* tok = r.tokens + cell * (K + 1);
-        std::copy(d, d + o.a, tok);
-        tok[o.a] = o.br.tok;
-        lengths[h] = o.a + 1;
-        int match_len = 0;
-        int64_t match_count = 0;
-        const int len = b ? t->draft_from(o.br.next, o.m + 1, b, r.min_prob[i], out.data(),
-                                          probs.data(), &match_len, &match_count)
-                          : 0;
-        r.branch_len[cell] = 1 + len;
-        const int32_t u_max = std::min<int32_t>(len, K);
-        std::copy(out.data(), out.data() + u_max, r.drafts + cell * K);
-        // slot u is accepted under this hypothesis with its chance times the draft's
-        // probability of reaching u given it
-        for (int32_t u = 0; u < u_max; ++u) slot[u] += o.chance * probs[u];
-        // the fallback: the most tokens assumed, the more likely among equals
-        const int64_t score = lengths[h] * static_cast<int64_t>(H) - static_cast<int64_t>(h);
-        if (score > best) {
-          best = score;
-          fallback = static_cast<int64_t>(h);
-        }
-      }
+  // Rows are independent (each writes its own cells; the trees are only read, under
+  // their shared locks), so up to r.threads threads take chunks of rows in turn: the
+  // same output, in less wall time where the host has idle cores.
+  constexpr size_t kChunk = 16;           // rows a thread takes at a time
+  constexpr size_t kRowsPerThread = 64;   // fewer drafting rows a thread: not worth one
+  const size_t threads = std::min<size_t>(static_cast<size_t>(r.threads),
+                                          std::max<size_t>(drafting / kRowsPerThread, 1));
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> cpu_ns{0};
+  auto run = [&]() {
+    const int64_t t0 = now_ns();
+    HypothesisWork w(r);
+    for (;;) {
+      const size_t lo = next.fetch_add(kChunk);
+      if (lo >= r.rows) break;
+      const size_t hi = std::min(lo + kChunk, r.rows);
+      for (size_t i = lo; i < hi; ++i) w.row(trees, r, i);
     }
-    // the row verifies the slots whose chance of acceptance, summed over its hypotheses
-    // (at most one holds), reaches its cutoff; each hypothesis's draft is cut there
-    int32_t L = 0;
-    while (L < K && slot[L] > 0.0 && slot[L] >= r.min_prob[i]) ++L;
-    r.draft_len[i] = L;
-    for (int64_t h = 0; h < H; ++h) {   // only drafts longer than L hold tokens past it
-      const int64_t cell = static_cast<int64_t>(i) * H + h;
-      if (r.branch_len[cell] <= 1 + L) continue;
-      Token* draft = r.drafts + cell * K;
-      std::fill(draft + L, draft + std::min<int32_t>(r.branch_len[cell] - 1, K), 0);
-      r.branch_len[cell] = 1 + L;
-    }
-    std::fill(slot.begin(), slot.end(), 0.0);
-    r.fallback[i] = fallback;
+    cpu_ns += now_ns() - t0;
+  };
+  if (threads <= 1) {
+    run();
+    return cpu_ns.load();
   }
-  return now_ns() - t0;
+  std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> failed(threads);
+  pool.reserve(threads - 1);
+  for (size_t j = 1; j < threads; ++j) {
+    try {
+      pool.emplace_back([&, j]() {
+        try {
+          run();
+        } catch (...) {
+          failed[j] = std::current_exception();
+          next = r.rows;     // the others stop at their next chunk
+        }
+      });
+    } catch (const std::system_error&) {
+      break;               // no thread to be had: the threads started share the rows
+    }
+  }
+  try {
+    run();
+  } catch (...) {
+    failed[0] = std::current_exception();
+    next = r.rows;
+  }
+  for (std::thread& th : pool) th.join();
+  for (const std::exception_ptr& e : failed)
+    if (e) std::rethrow_exception(e);
+  return cpu_ns.load();
 }
 
 int64_t SuffixTree::num_nodes() const {

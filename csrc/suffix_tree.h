@@ -122,6 +122,7 @@ struct HypothesisRows {
   int32_t branches = 1;                // next tokens per accepted count
   int32_t width = 1;                   // 1 + the longest draft after a branch token
   int32_t hypotheses = 0;              // H per row: the most likely outcomes kept
+  int32_t threads = 1;                 // at most this many threads share the rows
   int32_t* lengths = nullptr;          // [rows, H]: tokens assumed (a + 1; 0: no hypothesis)
   Token* tokens = nullptr;             // [rows, H, k_max + 1]: d_1 .. d_a, the branch token,
                                        //   then -1; a cell without a hypothesis starts -2
@@ -130,6 +131,8 @@ struct HypothesisRows {
   int32_t* draft_len = nullptr;        // [rows]: the slots it verifies (hypotheses())
   int64_t* fallback = nullptr;         // [rows]: the most tokens assumed, first branch among equals
 };
+
+struct HypothesisWork;  // one thread's share of hypotheses() (suffix_tree.cc)
 
 struct StepTimes {  // CPU time of the calling thread in each phase
   int64_t feed_ns = 0;
@@ -317,6 +320,7 @@ class SuffixTree {
                                   const StepRows& rows);
   friend int64_t hypotheses(SuffixTree* const* trees, size_t num_trees,
                             const HypothesisRows& rows);
+  friend struct HypothesisWork;
 
   const int max_depth_;
   const double prior_;
@@ -362,8 +366,10 @@ StepTimes feed_and_draft(SuffixTree* const* trees, size_t num_trees, const StepR
 // chance of acceptance, summed over its hypotheses (the outcome's chance times the
 // draft's probability), reaches min_prob, and every draft is cut to them; the
 // outputs are written whole (zeros where there is no hypothesis).  Checked first
-// (std::invalid_argument naming the row).  No Python: the caller may run it without the
-// GIL.  Returns the CPU time of the drafts (ns).
+// (std::invalid_argument naming the row).  Rows are independent, so up to rows.threads
+// threads share them (at least 64 drafting rows a thread), chunk by chunk: the output
+// does not depend on the number.  No Python: the caller may run it without the GIL.
+// Returns the CPU time of the drafts (ns), summed over the threads.
 int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisRows& rows);
 
 }  // namespace vllm_rl

@@ -436,7 +436,7 @@ void bind_suffix_tree(py::module_& m) {
       "hypothesis_drafts",
       [](py::object trees, py::object tree_idx, py::object contexts, py::object context_len,
          py::object verified, py::object sound, py::object max_tokens, py::object min_prob,
-         int branches, int hypotheses_per_row) {
+         int branches, int hypotheses_per_row, int threads) {
         HypothesisRows r;
         py::array keep[7];
         r.tree = array_of<int32_t>(tree_idx, "tree_idx", -1, &keep[0]);
@@ -454,8 +454,10 @@ void bind_suffix_tree(py::module_& m) {
         r.min_prob = array_of<double>(min_prob, "min_prob", n, &keep[6]);
         if (branches < 1 || branches > 16) throw py::value_error("branches must be in [1, 16]");
         if (hypotheses_per_row < 1) throw py::value_error("hypotheses per row must be >= 1");
+        if (threads < 1) throw py::value_error("threads must be >= 1");
         r.branches = branches;
         r.hypotheses = hypotheses_per_row;
+        r.threads = threads;
         const TreeList list(trees);
         TreeTable* const table = list.table;
         int32_t width = 0;
@@ -484,7 +486,7 @@ void bind_suffix_tree(py::module_& m) {
       },
       py::arg("trees"), py::arg("tree_idx"), py::arg("contexts"), py::arg("context_len"),
       py::arg("verified"), py::arg("sound"), py::arg("max_tokens"), py::arg("min_prob"),
-      py::arg("branches"), py::arg("hypotheses"),
+      py::arg("branches"), py::arg("hypotheses"), py::arg("threads") = 1,
       "The lookahead's hypotheses of many rows in one call without the GIL, assembled: row "
       "``i`` (``trees[tree_idx[i]]``; a negative index: none) with ``max_tokens[i] > 0`` "
       "verifies ``verified[i, :sound[i]]`` in the step on the device; its outcomes are "
@@ -500,7 +502,9 @@ void bind_suffix_tree(py::module_& m) {
       "hypothesis starts with -2), the draft after them (zero padded) and 1 + its length, "
       "each cut to the row's slots; per row those slots (while the chance of acceptance "
       "summed over its hypotheses is at least ``min_prob[i]``) and its fallback (the most "
-      "tokens assumed, the more likely among equals); ``ns`` the call's CPU time.");
+      "tokens assumed, the more likely among equals); ``ns`` the call's CPU time, summed over "
+      "its threads.  Up to ``threads`` threads share the rows (at least 64 drafting rows "
+      "a thread); the output does not depend on how many.");
 
   m.def(
       "draft_lists",

@@ -58,9 +58,10 @@ def _draft(tree, s, room, min_prob, alphabet):
     return out, probs
 
 
-def _call(trees, tree_idx, contexts, d, k, b, min_prob, branches, most=64):
+def _call(trees, tree_idx, contexts, d, k, b, min_prob, branches, most=64, threads=1):
     """``tree.hypothesis_drafts`` on lists: row i's context ``contexts[i]``, verifying
-    ``d[i][:k[i]]``, drafting ``b[i]`` tokens; the ``most`` likely outcomes a row."""
+    ``d[i][:k[i]]``, drafting ``b[i]`` tokens; the ``most`` likely outcomes a row, on at
+    most ``threads`` threads."""
     n = len(contexts)
     width = max(1, max(len(c) for c in contexts))
     ctx = np.zeros((n, width), dtype=np.int32)
@@ -75,7 +76,7 @@ def _call(trees, tree_idx, contexts, d, k, b, min_prob, branches, most=64):
     return hypothesis_drafts(trees, np.array(tree_idx, np.int32), ctx,
                              np.array([len(c) for c in contexts], np.int32), ver, k, b,
                              np.full(n, min_prob), branches,
-                             hypotheses.per_row(k[b > 0], branches, most))
+                             hypotheses.per_row(k[b > 0], branches, most), threads)
 
 
 def _branches(tree, contexts, exclude, b, min_prob, branches):
@@ -342,7 +343,8 @@ def test_hypotheses_by_hand():
 
 def test_device_selection_equals_the_host_rule():
     """The drafts the device takes are those of the hypothesis the host finds, or the
-    fallback's; a discarded row (a prefill chunk) matches none."""
+    fallback's, in NumPy (the CPU platform) and in torch ops (an accelerator); a
+    discarded row (a prefill chunk) matches none."""
     import torch
 
     rng = np.random.default_rng(0)
@@ -368,10 +370,12 @@ def test_device_selection_equals_the_host_rule():
             want = [h for h in range(H) if hyp.lengths[i, h] == counts[i] and
                     hyp.tokens[i, h, :counts[i]].tolist() == sampled[i, :counts[i]].tolist()]
             assert host[i] == (want[0] if want else -1)
-        dev = hypotheses.select_on_device(
-            torch.from_numpy(sampled),
-            tuple(torch.from_numpy(x) for x in (hyp.tokens, hyp.drafts, hyp.fallback)))
+        on_device = tuple(torch.from_numpy(x) for x in (hyp.tokens, hyp.drafts, hyp.fallback))
         want = hyp.drafts[np.arange(n), np.where(host >= 0, host, hyp.fallback)]
+        # the CPU platform's path (NumPy) and an accelerator's (torch ops), here on the CPU
+        dev = hypotheses.select_on_device(torch.from_numpy(sampled), on_device)
+        assert np.array_equal(dev.numpy(), want)
+        dev = hypotheses._select_torch(torch.from_numpy(sampled), *on_device)
         assert np.array_equal(dev.numpy(), want)
         assert not (host[discard] >= 0).any()
 
@@ -391,3 +395,34 @@ def test_a_step_shares_its_hypotheses_among_its_rows():
     for bad in ({"hypotheses": 0}, {"hypotheses": 65}, {"step_hypotheses": -1}):
         with pytest.raises(ValueError, match="hypotheses"):
             DASConfig(**bad)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_hypotheses_on_threads_equal_one_thread(threads):
+    """The rows shared among threads (at least 64 drafting rows a thread, chunks taken
+    in turn): the same output, cell for cell, as one thread, over several trees (each
+    thread holds one tree's lock at a time) and rows that draft nothing between them."""
+    rng = random.Random(11 + threads)
+    trees = [SuffixTree(max_depth=16, prior=0.5) for _ in range(5)]
+    texts = []
+    for j, tree in enumerate(trees):
+        text = [rng.randrange(6) for _ in range(120)]
+        texts.append(text)
+        for s in range(4):
+            tree.insert(s, [t if rng.random() > 0.1 else rng.randrange(6) for t in text])
+    n, K = 700, 8
+    tree_idx, contexts, d, k, b = [], [], [], [], []
+    for _ in range(n):
+        j = rng.randrange(len(trees))
+        cut = rng.randint(1, 110)
+        tree_idx.append(j if rng.random() > 0.05 else -1)
+        contexts.append(texts[j][max(0, cut - rng.randint(1, 20)):cut])
+        own = trees[j].draft(contexts[-1], K, 0.0, True)
+        d.append((own + [rng.randrange(6) for _ in range(K)])[:K])
+        k.append(rng.randint(0, K))
+        b.append(rng.choice([0, 2, K]))
+    one = _call(trees, tree_idx, contexts, d, k, b, 0.1, 4, 8)
+    many = _call(trees, tree_idx, contexts, d, k, b, 0.1, 4, 8, threads)
+    for x, y in zip(one[:-1], many[:-1]):      # all but the CPU time
+        np.testing.assert_array_equal(x, y)
+    assert (one[4] > 0).sum() > 100           # the rows draft

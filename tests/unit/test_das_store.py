@@ -37,6 +37,34 @@ def test_window_keeps_the_last_w_rollouts_per_problem():
     assert store.stored_tokens == sum(map(len, kept[-3:])) + 3 * 30
 
 
+def test_deferred_removals_leave_the_trees_the_windows_keep():
+    """With ``defer_removals`` (the drafter's feeder thread) the windows and sizes count a
+    dropped rollout out at once, its tree keeps it until ``remove(take_removals())``,
+    and then every tree equals the one removing at once built, including a problem
+    dropped whole (its last rollout gone) meanwhile."""
+    rng = random.Random(2)
+    now, later = ProblemTrees(window=2, max_stored_tokens=150), ProblemTrees(
+        window=2, max_stored_tokens=150)
+    later.defer_removals = True
+    trees = {}
+    for i in range(9):
+        pid, r = f"P{i % 3}", _rollout(rng, 10 + i)
+        for store in (now, later):
+            store.insert(pid, r)
+        trees[pid] = later.problems[pid].tree
+        assert later.stored_tokens == now.stored_tokens
+        assert {k: list(p.finished) for k, p in later.problems.items()} == {
+            k: list(p.finished) for k, p in now.problems.items()}
+    doomed = later.take_removals()
+    assert doomed and later.take_removals() == []
+    assert sum(t.num_sequences() for t in trees.values()) > sum(
+        p.tree.num_sequences() for p in now.problems.values())
+    ProblemTrees.remove(doomed)
+    for pid, tree in trees.items():
+        want = sorted(map(tuple, now.sequences(pid)))
+        assert sorted(tuple(tree.sequence(s)) for s in tree.sequences()) == want
+
+
 def test_global_cap_drops_oldest_finished_first_never_a_growing_one():
     rng = random.Random(1)
     store = ProblemTrees(window=16, max_stored_tokens=100)

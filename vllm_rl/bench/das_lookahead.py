@@ -2,6 +2,7 @@
 
     python -m vllm_rl.bench.das_lookahead                  # 1,024 rows, k 0/4/8, H 1/8
     python -m vllm_rl.bench.das_lookahead --rows 128 --sound 2 --hypotheses 2 8 64
+    python -m vllm_rl.bench.das_lookahead --sound 4 --hypotheses 8 --threads 1 2 4
 
 Under async scheduling the DAS drafter builds each step's hypotheses in one C++ call
 (:func:`vllm_rl.das.hypotheses.build`, ``tree.hypothesis_drafts``).  This times that call
@@ -10,7 +11,8 @@ holding ``prebuilt`` noisy copies of its text (as :mod:`vllm_rl.bench.das_host`)
 row's context is its own noisy copy cut at a random point, and the ``k`` drafts it
 verifies in the step on the device are the tree's draft after that context (what the
 drafter gave it), so the row's outcomes are those of a real draft.  The call's own CPU
-time per row (ns), best of ``repeats`` calls in one process: the trees' memory layout
+time per row (ns, summed over its threads) and its wall time per row, each the best of
+``repeats`` calls in one process: the trees' memory layout
 differs from process to process, and the figure with it (up to 5× for the cheapest
 calls on this machine), so compare settings within a run and builds over several runs.
 """
@@ -47,8 +49,11 @@ def _step(rows: int, group: int, prebuilt: int, length: int, vocab: int, noise: 
 def measure(rows: int = 1024, sound=(0, 4, 8), hypotheses=(1, 8), branches: int = 4,
             budget: int = 8, min_prob: float = 0.3, group: int = 8, prebuilt: int = 8,
             length: int = 512, vocab: int = 400, noise: float = 0.1, depth: int = 32,
-            repeats: int = 5, seed: int = 0) -> list[dict]:
-    """ns per row of ``hypothesis_drafts`` for each (k, H): best of ``repeats`` calls."""
+            repeats: int = 5, seed: int = 0, threads=(1,)) -> list[dict]:
+    """ns per row of ``hypothesis_drafts`` for each (k, H, threads), CPU and wall: best
+    of ``repeats`` calls."""
+    import time
+
     from vllm_rl.das import hypotheses as hyp
     from vllm_rl.das.tree import draft_many, hypothesis_drafts
 
@@ -70,11 +75,17 @@ def measure(rows: int = 1024, sound=(0, 4, 8), hypotheses=(1, 8), branches: int 
         ks = np.minimum(drafted, k)             # a row verifies what the tree drafted
         for most in hypotheses:
             H = hyp.per_row(ks, branches, most)
-            best = min(hypothesis_drafts(table, tree_idx, contexts, context_len, verified, ks,
-                                         np.full(n, budget, np.int32), np.full(n, min_prob),
-                                         branches, H)[-1] for _ in range(repeats))
-            out.append({"rows": n, "k": k, "mean_k": float(ks.mean()), "hypotheses": most,
-                        "ns_per_row": best / n})
+            for th in threads:
+                cpu = wall = float("inf")
+                for _ in range(repeats):
+                    t0 = time.perf_counter_ns()
+                    ns = hypothesis_drafts(table, tree_idx, contexts, context_len, verified,
+                                           ks, np.full(n, budget, np.int32),
+                                           np.full(n, min_prob), branches, H, th)[-1]
+                    wall = min(wall, time.perf_counter_ns() - t0)
+                    cpu = min(cpu, ns)
+                out.append({"rows": n, "k": k, "mean_k": float(ks.mean()), "hypotheses": most,
+                            "threads": th, "ns_per_row": cpu / n, "wall_ns_per_row": wall / n})
     return out
 
 
@@ -87,13 +98,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="most likely outcomes a row keeps (H)")
     ap.add_argument("--branches", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1],
+                    help="threads the call may share its rows among (DASConfig.threads)")
     args = ap.parse_args(argv)
-    print("| rows | k (mean) | hypotheses a row | ns per row |")
-    print("|---|---|---|---|")
+    print("| rows | k (mean) | hypotheses a row | threads | CPU ns per row | wall ns per row |")
+    print("|---|---|---|---|---|---|")
     for r in measure(args.rows, args.sound, args.hypotheses, args.branches,
-                     repeats=args.repeats):
+                     repeats=args.repeats, threads=args.threads):
         print(f"| {r['rows']} | {r['k']} ({r['mean_k']:.1f}) | {r['hypotheses']} | "
-              f"{r['ns_per_row']:.0f} |", flush=True)
+              f"{r['threads']} | {r['ns_per_row']:.0f} | {r['wall_ns_per_row']:.0f} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ must know on the host which row holds that token.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -72,6 +73,8 @@ class AsyncDrafts:
         # first), the last step proposed (the rows vLLM reads drafts by), the drafts it
         # verifies, and each request's drafts in the step being prepared
         self._windows = ContextWindows(self.cfg.max_depth, self.k_max + 1)
+        # the hypotheses' threads: no more than the cores this process may run on
+        self._threads = max(1, min(self.cfg.threads, len(os.sched_getaffinity(0))))
         self._sampled: _InFlight | None = None
         self._in_flight: list[_InFlight] = []
         self._taken: list[_InFlight] = []            # the steps the last catch-up took in
@@ -343,8 +346,7 @@ class AsyncDrafts:
                                      want.astype(np.int32), self._min_prob(step)))
         elif parts:
             self._call(parts, None)
-        for args in later:
-            self._feed_in_background(*args)
+        self._feed_in_background(later)
         return res
 
     def _call(self, feeds: list, drafts):
@@ -398,7 +400,7 @@ class AsyncDrafts:
                 if cfg.step_hypotheses else cfg.hypotheses)
         hyp, ns = hypotheses.build(self.store, seqs, plan.contexts, plan.context_len, plan.d,
                                    plan.k, step.max_tokens, self._min_prob(step),
-                                   cfg.branches, most)
+                                   cfg.branches, most, self._threads)
         self.host_ns["draft"] += ns
         return hyp
 

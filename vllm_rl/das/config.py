@@ -81,9 +81,11 @@ class DASConfig:
     engine schedules and computes the next step; the next :meth:`DASProposer.propose`
     (or any ``das_*`` call) waits for it first.  The rows that draft are fed before they
     draft, so a draft sees its own rollout up to its last token; it may miss the last
-    step's token of a sibling rollout that drafted nothing.  Drafts stay lossless (vLLM
-    verifies them) and, since every feed is waited for before the next draft,
-    reproducible.
+    step's token of a sibling rollout that drafted nothing.  The rollouts a window
+    drops (a natural end pushes out its problem's oldest) leave their trees on the same
+    thread, after the step's draft: a draft may still read a rollout its window dropped
+    in that step.  Drafts stay lossless (vLLM verifies them) and, since every feed and
+    removal is waited for before the next draft, reproducible.
 
     ``async_scheduling`` (default on): the engine schedules asynchronously, as stock
     vLLM does on a GPU (``patches/model_runner/das_async.py``).  vLLM schedules step n + 1 and
@@ -113,6 +115,12 @@ class DASConfig:
     Off: a drafting step waits for step n's tokens and drafts from them (synchronous
     scheduling's drafts), and that wait and what follows it are host time on the
     step's path.
+
+    ``threads`` (default 4): the lookahead's C++ call shares its rows among at most this
+    many threads (at least 64 drafting rows a thread, and no more than the cores this
+    process may run on), with the GIL released: the same hypotheses and drafts in less
+    wall time on a wide batch.  The project's; measured here on this machine's two cores
+    (``docs/benchmarks.md``, "The hypotheses on several threads").
     """
 
     budget: int = 4
@@ -137,6 +145,7 @@ class DASConfig:
     branches: int = 4
     hypotheses: int = 8
     step_hypotheses: int = 0
+    threads: int = 4
 
     @property
     def draft_cutoff(self) -> float:
@@ -153,6 +162,8 @@ class DASConfig:
         if not 1 <= self.hypotheses <= 64 or self.step_hypotheses < 0:
             raise ValueError(f"DASConfig.hypotheses={self.hypotheses}, step_hypotheses="
                              f"{self.step_hypotheses}: allowed ints in [1, 64] and >= 0")
+        if not 1 <= self.threads <= 64:
+            raise ValueError(f"DASConfig.threads={self.threads}: allowed int in [1, 64]")
         if not 1 <= self.budget <= MAX_DRAFT // 2:
             raise ValueError(f"DASConfig.budget={self.budget}: allowed int in [1, {MAX_DRAFT // 2}]")
         if self.window < 1 or self.max_stored_tokens < 1:

@@ -100,6 +100,8 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
         self.max_model_len = vllm_config.model_config.max_model_len
         self.k_max = vllm_config.speculative_config.num_speculative_tokens
         self.store = ProblemTrees(cfg.window, cfg.max_stored_tokens, cfg.max_depth, cfg.prior)
+        # the windows' dropped rollouts leave their trees on the feeder thread
+        self.store.defer_removals = cfg.background_feed
         self.classes = policy.LengthClasses(horizon=cfg.round_horizon, history=cfg.history)
         self.slots = Slots()
         self.round = Round()
@@ -205,8 +207,8 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
             step.max_tokens, self._min_prob(step), backoff=True)
         self.host_ns["feed"] += res.feed_ns
         self.host_ns["draft"] += res.draft_ns
-        if later is not None and later.any():
-            self._feed_in_background(seqs, step.tokens, step.offsets, later)
+        self._feed_in_background([(seqs, step.tokens, step.offsets, later)]
+                                 if later is not None and later.any() else [])
         if phase is not None:
             self._phase_cut(phase, res.lengths)
         self._note_width(res.lengths, step.n)
@@ -215,12 +217,14 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
     def settle(self) -> None:
         """Before anything reads or changes the trees (the ``das_*`` calls): finish an
         async step whose tokens were not fed yet (its drafts wait for the next step),
-        wait for the background feed, and seal the old requests of reused ids."""
+        wait for the background feed, seal the old requests of reused ids, and take the
+        rollouts the windows dropped out of their trees."""
         if self._in_flight:
             self._tree_call(self._catch_up(last=True), None)
             self._last = None               # its drafts wait for the next step
         self._wait_feed()
         self._seal_detached()
+        self.store.remove(self.store.take_removals())
 
     def sync(self) -> None:
         """Wait for the background feed and seal rollouts that ended since the last step
@@ -229,6 +233,7 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
         if self._runner is not None:
             self._retire(self._runner.requests)
             self._maybe_end_round()
+            self.store.remove(self.store.take_removals())
 
     def stats(self) -> dict:
         self.sync()
@@ -269,21 +274,35 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
         self._flush_all()
         return self.store.clear(problem_id)
 
-    def _feed_in_background(self, seqs, tokens, offsets, feed) -> None:
-        """Feed these rows' new tokens on the feeder thread (the C++ call releases the
-        GIL); :meth:`settle` waits for it."""
+    def _feed_in_background(self, feeds: list[tuple]) -> None:
+        """On the feeder thread: feed these rows' new tokens (``(seqs, tokens, offsets,
+        feed)`` each), then take the rollouts the windows dropped out of their trees
+        (:meth:`~.store.ProblemTrees.take_removals`; the C++ calls release the GIL).
+        :meth:`_wait_feed` waits for it before the next draft, so a draft sees the
+        same trees run after run."""
+        doomed = self.store.take_removals()
+        if not feeds and not doomed:
+            return
         if self._feeder is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._feeder = ThreadPoolExecutor(1, thread_name_prefix="vllm_rl-das-feed")
-        self._pending = self._feeder.submit(self.store.feed, seqs, tokens, offsets, feed)
+        self._pending = self._feeder.submit(_background, self.store, feeds, doomed)
 
     def _wait_feed(self) -> None:
-        """Wait for the background feed of the last step.  Its time off the step's path
-        is in ``host_ns["feed_background"]``; the time waited here is on it."""
+        """Wait for the feeder thread's last call.  Its feeds' CPU time off the step's
+        path is in ``host_ns["feed_background"]``; the time waited here is on it."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            self.host_ns["feed_background"] += pending.result().feed_ns
+            self.host_ns["feed_background"] += pending.result()
+
+
+def _background(store, feeds: list[tuple], doomed: list) -> int:
+    """The feeder thread's call (:meth:`DASProposer._feed_in_background`); returns the
+    feeds' CPU time (ns)."""
+    ns = sum(store.feed(*args).feed_ns for args in feeds)
+    store.remove(doomed)
+    return ns
 
 
 def _scheduled_drafts(sched, req_ids, n: int) -> np.ndarray:

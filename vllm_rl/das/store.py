@@ -67,6 +67,11 @@ class ProblemTrees:
         # not yet folded into _size (folded when the rollout ends).
         self._tree_of = np.full(1024, -1, dtype=np.int32)
         self._batched = np.zeros(1024, dtype=np.int64)
+        # With defer_removals (the drafter's background feed), the rollouts a window
+        # drops leave their trees later, in remove(take_removals()) on the feeder thread;
+        # the sizes and windows above count them out at once.
+        self.defer_removals = False
+        self._doomed: list[tuple[SuffixTree, int]] = []
 
     # ----------------------------------------------------------------- rollouts
     def problem(self, problem_id: str) -> Problem:
@@ -191,14 +196,14 @@ class ProblemTrees:
     def hypothesis_drafts(self, seqs: np.ndarray, contexts: np.ndarray,
                           context_len: np.ndarray, verified: np.ndarray, sound: np.ndarray,
                           max_tokens: np.ndarray, min_prob: np.ndarray, branches: int,
-                          per_row: int) -> tuple:
+                          per_row: int, threads: int = 1) -> tuple:
         """The lookahead's hypotheses (:func:`vllm_rl.das.tree.hypothesis_drafts`) for rows
         drafting from the trees of their rollouts ``seqs`` (int64; -1 or unknown: no
         branches)."""
         return hypothesis_drafts(self.table,
                                  self._tree_index(np.asarray(seqs, dtype=np.int64)), contexts,
                                  context_len, verified, sound, max_tokens, min_prob, branches,
-                                 per_row)
+                                 per_row, threads)
 
     def _tree_index(self, seqs: np.ndarray) -> np.ndarray:
         """Each rollout's tree in the table (int32; -1: none, or an unknown id)."""
@@ -210,6 +215,20 @@ class ProblemTrees:
     def lengths(self, problem_id: str) -> list[int]:
         p = self.problems.get(problem_id)
         return [n for n in p.lengths if n is not None] if p is not None else []
+
+    def take_removals(self) -> list[tuple[SuffixTree, int]]:
+        """The rollouts the windows dropped since the last call, still in their trees
+        (``defer_removals``): pass them to :meth:`remove`."""
+        out, self._doomed = self._doomed, []
+        return out
+
+    @staticmethod
+    def remove(doomed: list[tuple[SuffixTree, int]]) -> None:
+        """Take these rollouts out of their trees (each call releases the GIL).  A
+        tree is a function of its rollouts, so when this runs does not change it."""
+        for tree, seq in doomed:
+            if seq in tree:
+                tree.remove(seq)
 
     # ----------------------------------------------------------------- reporting
     def stats(self) -> dict:
@@ -278,7 +297,9 @@ class ProblemTrees:
     def _remove(self, problem_id: str, p: Problem, seq: int) -> None:
         _, n = self._size.pop(seq, (problem_id, 0))
         self.stored_tokens -= n
-        if seq in p.tree:
+        if self.defer_removals:
+            self._doomed.append((p.tree, seq))
+        elif seq in p.tree:
             p.tree.remove(seq)
         self._drop_if_empty(problem_id, p)
 

@@ -124,7 +124,7 @@ def feed_and_draft(trees, tree_idx, seq_ids, tokens, offsets, feed, contexts, co
 
 
 def hypothesis_drafts(trees, tree_idx, contexts, context_len, verified, sound, max_tokens, min_prob,
-                      branches: int, per_row: int) -> tuple:
+                      branches: int, per_row: int, threads: int = 1) -> tuple:
     """The lookahead's hypotheses for many rows in one C++ call without the GIL,
     assembled (:mod:`vllm_rl.das.hypotheses`).  Row ``i`` (``trees[tree_idx[i]]``; a
     negative index: none) with ``max_tokens[i] > 0`` verifies ``verified[i,
@@ -144,10 +144,11 @@ def hypothesis_drafts(trees, tree_idx, contexts, context_len, verified, sound, m
     acceptance summed over its hypotheses, the outcome's chance times the draft's
     probability given it, is at least ``min_prob[i]``: :mod:`vllm_rl.das.hypotheses`)
     and its fallback (the most tokens assumed, the more likely among equals); ``ns``
-    the call's CPU time.  Exact dtypes as :func:`feed_and_draft` (int32 ``verified``,
-    int64 ``sound``)."""
+    the call's CPU time, summed over its threads.  Up to ``threads`` threads share the
+    rows (at least 64 drafting rows a thread); the output does not depend on how many.
+    Exact dtypes as :func:`feed_and_draft` (int32 ``verified``, int64 ``sound``)."""
     return _C.hypothesis_drafts(trees, tree_idx, contexts, context_len, verified, sound, max_tokens,
-                                min_prob, branches, per_row)
+                                min_prob, branches, per_row, threads)
 
 
 __all__ = ["SuffixTree", "Draft", "UnknownSequenceError", "draft_many", "TreeTable",
