@@ -10,7 +10,6 @@
 #include <exception>
 #include <mutex>
 #include <new>
-#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -1218,7 +1217,7 @@ int64_t hypotheses(SuffixTree* const* trees, size_t num_trees, const HypothesisR
           next = r.rows;     // the others stop at their next chunk
         }
       });
-    } catch (const std::system_error&) {
+    } catch (...) {
       break;               // no thread to be had: the threads started share the rows
     }
   }

@@ -106,3 +106,28 @@ def test_a_problem_without_rollouts_is_dropped():
     s = store.start("A", [])
     store.finish("A", s, 0)                              # nothing was generated
     assert "A" not in store.problems and store.stored_tokens == 0
+
+
+def test_the_feeders_removals_run_even_when_a_feed_fails():
+    """The drafter's feeder call (``drafter._background``) feeds, then removes; a feed
+    that raises still leaves the removals done (the windows already count them out),
+    and the error reaches the waiter."""
+    import pytest
+
+    from vllm_rl.das.drafter import _background
+
+    store = ProblemTrees(window=1)
+    store.defer_removals = True
+    rng = random.Random(3)
+    store.insert("A", _rollout(rng))
+    store.insert("A", _rollout(rng))          # drops the first
+    tree = store.problems["A"].tree
+    doomed = store.take_removals()
+    assert tree.num_sequences() == 2 and len(doomed) == 1
+
+    def fails():
+        raise RuntimeError("feed failed")
+
+    with pytest.raises(RuntimeError, match="feed failed"):
+        _background([fails], doomed)
+    assert tree.num_sequences() == 1

@@ -15,7 +15,9 @@ is run as a trainer runs it:
    calibration (:class:`vllm_rl.arrol.ArrolFeedback`: the second step's scores are the
    held-out check of the head the first one trained).
 2. **The timed step**: every configuration (:mod:`.matrix`) on the same prompts with the
-   same seeds, interleaved with the stock baselines, ``--repeats`` times.  A
+   same seeds, interleaved with the stock baselines, ``--repeats`` times.  Before each
+   one on the DAS engine its trees are put back as the previous steps left them
+   (:func:`reset_trees`), so no configuration drafts from another's rollouts.  A
    configuration with partial rollouts (``+partial``) runs two untimed steps of its own
    first, so the timed step is one with carried samples, as in training; its groups are
    the complete ones (:func:`run_once`).
@@ -251,17 +253,19 @@ def _summarize_step(name: str, repeat: int, steps, groups: list, wall: float, co
 # ----------------------------------------------------------------------------- the step
 
 
-def previous_steps(rl, prompts: list[str], args, planner, feedback, plain=None) -> dict:
+def previous_steps(rl, prompts: list[str], args, planner, feedback,
+                   plain=None) -> tuple[dict, dict]:
     """Two untimed steps on the DAS engine (module docstring): DAS trees, DARTS's length
     statistics, DUET's K1/K2 and ARRoL's head (given to ``plain`` too, the RL engine
-    without DAS).  Returns DUET's thresholds."""
+    without DAS).  Returns DUET's thresholds and, per prompt, its prompt ids and the
+    rollouts the steps drew (what its tree holds: :func:`reset_trees`)."""
     from vllm import SamplingParams
 
     from vllm_rl import Reason, rl_params
     from vllm_rl.duet.rule import km_quantile
     from vllm_rl.task import reward
 
-    observations = []
+    observations, trees = [], {}
     for step in range(2):
         params = [SamplingParams(n=args.m, temperature=1.0, max_tokens=args.max_tokens,
                                  seed=args.seed + 100_000 + 1000 * step + i,
@@ -273,6 +277,8 @@ def previous_steps(rl, prompts: list[str], args, planner, feedback, plain=None) 
         planner.observe({prompt: [len(c.token_ids) for c in out.outputs]
                          for prompt, out in zip(prompts, outs)})
         for prompt, out in zip(prompts, outs):
+            _, drawn = trees.setdefault(prompt, (list(out.prompt_token_ids), []))
+            drawn.extend(list(c.token_ids) for c in out.outputs)
             for c in out.outputs:
                 infos.append(c.rollout_info)
                 rewards.append(reward(prompt, c.text))
@@ -285,7 +291,17 @@ def previous_steps(rl, prompts: list[str], args, planner, feedback, plain=None) 
                 if engine is not None:
                     engine.arrol_update(**update)
     k1 = km_quantile(observations, 0.30)
-    return {"k1": k1, "k2": max(k1, km_quantile(observations, 0.80))}
+    return {"k1": k1, "k2": max(k1, km_quantile(observations, 0.80))}, trees
+
+
+def reset_trees(rl, trees: dict) -> None:
+    """The DAS engine's trees as the previous steps left them (``trees``, from
+    :func:`previous_steps`), before each configuration that drafts: the configurations
+    run one after another on one engine with the same prompts, problem ids and seeds,
+    and without this one would draft from an earlier one's rollouts of the same step."""
+    rl.das_clear()
+    for prompt, (prompt_ids, rollouts) in trees.items():
+        rl.das_prebuild(prompt, rollouts, prompt_ids)
 
 
 def step_params(name: str, prompts: list[str], args, plans: dict, duet: dict) -> list:
@@ -373,7 +389,7 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
     feedback = ArrolFeedback({"l_detect": args.l_detect}, cold_start_steps=0,
                              **arrol_gate(args.arrol_gate),
                              gate_min=16, seed=args.seed)
-    duet = previous_steps(rl, prompts, args, planner, feedback, plain)
+    duet, trees = previous_steps(rl, prompts, args, planner, feedback, plain)
     plans = {p.prompt_id: p for p in planner.plan(prompts)}
     from vllm import SamplingParams
 
@@ -390,6 +406,8 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
     for name, rep in plan:
         bar.set_postfix_str(f"{name} (repeat {rep + 1}/{args.repeats})")
         llm = engines[engine_kind(name)]
+        if llm is rl:               # every drafting configuration: the same trees
+            reset_trees(rl, trees)
         runs.append(run_once(llm, name, step_params(name, prompts, args, plans, duet),
                              prompts, rep, cost, args.host_scale))
         bar.update(1)

@@ -74,7 +74,9 @@ class AsyncDrafts:
         # verifies, and each request's drafts in the step being prepared
         self._windows = ContextWindows(self.cfg.max_depth, self.k_max + 1)
         # the hypotheses' threads: no more than the cores this process may run on
-        self._threads = max(1, min(self.cfg.threads, len(os.sched_getaffinity(0))))
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+        self._threads = max(1, min(self.cfg.threads, cores))
         self._sampled: _InFlight | None = None
         self._in_flight: list[_InFlight] = []
         self._taken: list[_InFlight] = []            # the steps the last catch-up took in

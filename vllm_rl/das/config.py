@@ -81,10 +81,11 @@ class DASConfig:
     engine schedules and computes the next step; the next :meth:`DASProposer.propose`
     (or any ``das_*`` call) waits for it first.  The rows that draft are fed before they
     draft, so a draft sees its own rollout up to its last token; it may miss the last
-    step's token of a sibling rollout that drafted nothing.  The rollouts a window
-    drops (a natural end pushes out its problem's oldest) leave their trees on the same
-    thread, after the step's draft: a draft may still read a rollout its window dropped
-    in that step.  Drafts stay lossless (vLLM verifies them) and, since every feed and
+    step's token of a sibling rollout that drafted nothing.  The rollouts a window or
+    the global token cap drops (a natural end pushes out its problem's oldest) leave
+    their trees on the same thread, after the step's draft (or at the next ``das_*``
+    call, which waits for them): a draft may still read a rollout dropped in that
+    step.  Drafts stay lossless (vLLM verifies them) and, since every feed and
     removal is waited for before the next draft, reproducible.
 
     ``async_scheduling`` (default on): the engine schedules asynchronously, as stock

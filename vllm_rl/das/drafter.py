@@ -227,8 +227,9 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
         self.store.remove(self.store.take_removals())
 
     def sync(self) -> None:
-        """Wait for the background feed and seal rollouts that ended since the last step
-        (the API calls it between steps)."""
+        """Wait for the background feed, seal rollouts that ended since the last step
+        and take the rollouts the windows dropped out of their trees (the API calls it
+        between steps)."""
         self.settle()
         if self._runner is not None:
             self._retire(self._runner.requests)
@@ -287,7 +288,8 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
             from concurrent.futures import ThreadPoolExecutor
 
             self._feeder = ThreadPoolExecutor(1, thread_name_prefix="vllm_rl-das-feed")
-        self._pending = self._feeder.submit(_background, self.store, feeds, doomed)
+        calls = [self.store.feed_later(*args) for args in feeds]    # sizes counted here
+        self._pending = self._feeder.submit(_background, calls, doomed)
 
     def _wait_feed(self) -> None:
         """Wait for the feeder thread's last call.  Its feeds' CPU time off the step's
@@ -297,12 +299,14 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
             self.host_ns["feed_background"] += pending.result()
 
 
-def _background(store, feeds: list[tuple], doomed: list) -> int:
-    """The feeder thread's call (:meth:`DASProposer._feed_in_background`); returns the
-    feeds' CPU time (ns)."""
-    ns = sum(store.feed(*args).feed_ns for args in feeds)
-    store.remove(doomed)
-    return ns
+def _background(calls: list, doomed: list) -> int:
+    """The feeder thread's call (:meth:`DASProposer._feed_in_background`): the feeds'
+    C++ calls, then the removals, which run even if a feed fails (the windows already
+    count them out).  Returns the feeds' CPU time (ns)."""
+    try:
+        return sum(call().feed_ns for call in calls)
+    finally:
+        ProblemTrees.remove(doomed)
 
 
 def _scheduled_drafts(sched, req_ids, n: int) -> np.ndarray:

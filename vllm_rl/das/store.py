@@ -22,7 +22,8 @@ drafts for every row (:func:`vllm_rl.das.tree.feed_and_draft`).
 
 Each stored sequence is the last ``prompt_tail`` prompt tokens followed by the rollout,
 so the first output tokens of a new sample already have a context to match.  A tree
-whose last rollout leaves is dropped, and its memory with it.  The store lives as long
+whose last rollout leaves is dropped (with ``defer_removals``, its memory once the
+removals queued for it have run).  The store lives as long
 as the engine's worker; model weights, sleep and wake never touch it.
 """
 from __future__ import annotations
@@ -175,6 +176,12 @@ class ProblemTrees:
         that feed must be distinct.  Sizes are accounted in bulk; Python work is per
         step, not per row."""
         seqs = np.asarray(seqs, dtype=np.int64)
+        tree_idx = self._account(seqs, feed)
+        return feed_and_draft(self.table, tree_idx, seqs, tokens, offsets, feed, contexts,
+                              context_len, max_tokens, min_prob, backoff)
+
+    def _account(self, seqs: np.ndarray, feed: np.ndarray) -> np.ndarray:
+        """The rows' trees, and their fed tokens added to the sizes in bulk."""
         tree_idx = self._tree_index(seqs)
         feeding = (tree_idx >= 0) & (feed > 0)
         fed = seqs[feeding]
@@ -182,8 +189,19 @@ class ProblemTrees:
             counts = feed[feeding].astype(np.int64)
             self._batched[fed] += counts
             self.stored_tokens += int(counts.sum())
-        return feed_and_draft(self.table, tree_idx, seqs, tokens, offsets, feed, contexts,
-                              context_len, max_tokens, min_prob, backoff)
+        return tree_idx
+
+    def feed_later(self, seqs: np.ndarray, tokens: np.ndarray, offsets: np.ndarray,
+                   feed: np.ndarray):
+        """:meth:`feed` in two halves: the rows' trees and sizes now, on the calling
+        thread, and the C++ call returned, to run on another (the drafter's feeder
+        thread: no Python state of the store is touched there)."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        tree_idx = self._account(seqs, feed)
+        n = len(seqs)
+        args = (self.table, tree_idx, seqs, tokens, offsets, feed, np.zeros((n, 1), np.int32),
+                np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n), True)
+        return lambda: feed_and_draft(*args)
 
     def feed(self, seqs: np.ndarray, tokens: np.ndarray, offsets: np.ndarray,
              feed: np.ndarray) -> BatchDrafts:
