@@ -207,9 +207,7 @@ class ProblemTrees:
              feed: np.ndarray) -> BatchDrafts:
         """:meth:`feed_and_draft` with no row drafting: the rows' tokens into their
         trees (its ``feed_ns`` is the call's CPU time)."""
-        n = len(seqs)
-        return self.feed_and_draft(seqs, tokens, offsets, feed, np.zeros((n, 1), np.int32),
-                                   np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n))
+        return self.feed_later(seqs, tokens, offsets, feed)()
 
     def hypothesis_drafts(self, seqs: np.ndarray, contexts: np.ndarray,
                           context_len: np.ndarray, verified: np.ndarray, sound: np.ndarray,
