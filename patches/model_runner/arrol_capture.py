@@ -21,7 +21,10 @@ synchronous output (``_bookkeeping_sync`` → ``GPUModelRunner._to_list``, which
 event after them on the same stream and synchronises it), and inside the output's
 ``get_output`` with async output (``AsyncGPUModelRunnerOutput`` records its copy event on
 a stream that first waits for the compute stream; ``get_output`` synchronises it).
-:func:`check` fails if either wait is gone.
+:func:`check` fails if either wait is gone.  The scorer also reads each sample's token
+count from ``num_computed_tokens_cpu`` in ``sample_tokens``: under async speculative
+decoding ``execute_model`` ends by taking the last step's rejected drafts off it
+(vLLM's deferred correction); :func:`check` fails if it no longer does.
 
 Runner: this is vLLM's **V1** runner.  Model Runner V2 (``vllm/v1/worker/gpu/``) keeps
 hidden states elsewhere and is not patched: an ARRoL engine selects V1
@@ -78,6 +81,7 @@ def _check(source=None) -> None:
             raise PatchMismatch(f"{TARGET_GET} no longer ends returning its output "
                                 f"(its ModelRunnerOutput) {where}")
         init = src.method(_MODULE, "AsyncGPUModelRunnerOutput", "__init__").node
+        execute = src.method(_MODULE, "GPUModelRunner", "execute_model").node
     except SourceMissing as e:
         raise PatchMismatch(f"{e} is gone: the scorer's sync points cannot be told {where}")
     if not calls(to_list, "synchronize") or not calls(get, "synchronize",
@@ -86,6 +90,15 @@ def _check(source=None) -> None:
         raise PatchMismatch(f"vLLM no longer waits for the device in _to_list / "
                             f"AsyncGPUModelRunnerOutput.get_output: the ARRoL scorer's "
                             f"copies would be read unfinished {where}")
+    # the scorer reads a sample's token count from num_computed_tokens_cpu in
+    # sample_tokens: execute_model must have taken the last step's rejected drafts off it
+    # (async speculative decoding's deferred correction) before it returns
+    tail = [ast.unparse(stmt) for stmt in execute.body[-2:]]
+    if len(tail) < 2 or not tail[-1].startswith("return") \
+            or "deferred_state_corrections_fn()" not in tail[0]:
+        raise PatchMismatch(f"GPUModelRunner.execute_model no longer ends with its deferred "
+                            f"token-count corrections: the ARRoL scorer would read counts "
+                            f"that still hold rejected drafts {where}")
     cpu = "vllm.v1.worker.cpu_model_runner"
     if not src.is_subclass(cpu, "CPUModelRunner", _MODULE, "GPUModelRunner"):
         raise PatchMismatch(f"CPUModelRunner no longer subclasses GPUModelRunner {where}")

@@ -143,7 +143,7 @@ def _admitted(p):
         state = {k: v for k, v in asdict(st).items() if k not in ("slot", "seq", "slots")}
         cols = {name: getattr(S, name)[st.slot].item()
                 for name in ("max_tokens", "budget", "generated", "class_budget", "policy",
-                             "rank", "min_prob", "force", "hold", "done")}
+                             "rank", "min_prob", "force", "done")}
         rollout = [p.store.problems[st.problem].tree.sequence(st.seq)]
         out[rid] = (state, cols, rollout, st.length_class)
     return out

@@ -17,11 +17,14 @@ pass per row gives its log-normaliser and entropy (:func:`vllm_rl.kernels.logsum
 no ``[rows, V]`` log-softmax), and after sampling each kept token's log-probability
 (``z_tok - lse``, one gather) and its distribution's entropy are added to the sample's
 running sums, which stay on the device (a ``[3, slots]`` tensor: Σ log p, min log p,
-Σ entropy; the token count is known on the host).  At ``l_detect`` the head may read
-their mean / minimum / mean entropy (:data:`~vllm_rl.arrol.rule.TRACE_FEATURES`) beside
-the hidden state, and the verdict carries them to the record.  A token counts once it is
-the sample's own: a draft only if accepted.  (With vLLM's async output and drafts, only
-each step's first token counts: acceptance is known on the host only after the step.)
+Σ entropy).  At ``l_detect`` the head may read their mean / minimum / mean entropy
+(:data:`~vllm_rl.arrol.rule.TRACE_FEATURES`) beside the hidden state, and the verdict
+carries them to the record.  A token counts once it is the sample's own: a draft only if
+accepted.  With vLLM's async output the step's sampled ids stay on the device (-1 past
+a row's accepted tokens) and are read there; the host knows how many tokens the sums
+hold from vLLM's own count (``num_computed_tokens_cpu``, which vLLM corrects for the
+last step's rejected drafts before it samples), so DAS drafts before ``l_detect``
+under async scheduling too.
 
 What: every scored row of a step goes through the head in one call
 (:func:`vllm_rl.kernels.score_rows`: Triton on CUDA, PyTorch on the CPU); with the
@@ -143,8 +146,8 @@ class Transfer:
 
 class _Req:
     """A sample the scorer still has to score: its flags and its trace slot (its column
-    of the device sums; how many tokens they hold and its ``l_detect`` are the slot's
-    entries of ``HeadScorer._n`` / ``_limit`` on the host)."""
+    of the device sums; its ``l_detect`` is the slot's entry of ``HeadScorer._limit``;
+    how many tokens the sums hold, each step's from vLLM's token counts)."""
 
     __slots__ = ("rid", "owner", "flags", "share", "slot")
 
@@ -261,7 +264,6 @@ class HeadScorer:
         self._settled: deque[str] = deque()        # scored at a draft (any thread)
         self._free: list[int] = []                 # trace slots free
         self._reset: list[int] = []                # trace slots to zero before use
-        self._n = np.zeros(0, dtype=np.int64)      # per slot: tokens in its trace sums
         self._limit = np.zeros(0, dtype=np.int64)  # per slot: l_detect
         self._flag_cache: dict[int, tuple[Any, ArrolFlags | None]] = {}
         with torch.inference_mode():
@@ -342,12 +344,10 @@ class HeadScorer:
                 acc = torch.empty((3, new), dtype=torch.float32, device=self.device)
                 acc[:, :cap] = self._acc
             self._acc = acc
-            self._n = np.concatenate([self._n, np.zeros(new - cap, dtype=np.int64)])
             self._limit = np.concatenate([self._limit, np.zeros(new - cap, dtype=np.int64)])
             self._free.extend(range(new - 1, cap - 1, -1))
         slot = self._free.pop()
         self._reset.append(slot)
-        self._n[slot] = 0
         self._limit[slot] = limit
         return slot
 
@@ -435,18 +435,29 @@ class HeadScorer:
         if not sts:
             return None
         batch = runner.input_batch
-        # per tracked sample: its row in the batch, its trace slot, its l_detect, the
-        # tokens already in its trace, and where P = n + l_detect - 1 falls in this
-        # step's query (``at``; scored this step iff 0 <= at < its query length)
+        # per tracked sample: its row in the batch, its trace slot, its l_detect, its
+        # query and drafts in this step, the tokens it has before this step (``traced``:
+        # exact, since vLLM has taken the last step's rejected drafts off
+        # ``num_computed_tokens_cpu`` before it samples, under async scheduling too:
+        # ``GPUModelRunner.execute_model`` ends with that correction), and where
+        # P = n + l_detect - 1 falls in this step's query (``at``; scored this step iff
+        # 0 <= at < its query length)
         batch_row, slot_ids = np.array(idx), np.array(slots)
-        l_detect, traced = self._limit[slot_ids], self._n[slot_ids]
+        l_detect = self._limit[slot_ids]
         qsl = runner.query_start_loc.np
         start = qsl[batch_row]
         n_sched = qsl[batch_row + 1] - start           # this step's query of each sample
-        at = (batch.num_prompt_tokens[batch_row] + l_detect - 1
-              - batch.num_computed_tokens_cpu[batch_row])
-        found = np.flatnonzero((at >= 0) & (at < n_sched))
         meta = state.spec_decode_metadata
+        if meta is None:
+            nd = np.zeros(len(sts), dtype=np.int64)
+        else:
+            nd_all = np.asarray(meta.num_draft_tokens, dtype=np.int64)
+            nd = nd_all[batch_row]
+        computed = batch.num_computed_tokens_cpu[batch_row]
+        n_prompt = batch.num_prompt_tokens[batch_row]
+        traced = np.maximum(computed + n_sched - nd - n_prompt, 0)
+        at = n_prompt + l_detect - 1 - computed
+        found = np.flatnonzero((at >= 0) & (at < n_sched))
         logits = state.logits
         plan = Plan(self.head)
         if logits is not None:
@@ -454,10 +465,9 @@ class HeadScorer:
             if meta is None:                           # one logits row per sample
                 first, count = batch_row[t], np.ones(len(t), dtype=np.int64)
             else:                                      # 1 + its drafts
-                nd = np.asarray(meta.num_draft_tokens, dtype=np.int64)
-                rows0 = np.cumsum(nd + 1) - (nd + 1)
+                rows0 = np.cumsum(nd_all + 1) - (nd_all + 1)
                 first = rows0[batch_row[t]]
-                count = np.minimum(nd[batch_row[t]] + 1, (l_detect - traced)[t])
+                count = np.minimum(nd[t] + 1, (l_detect - traced)[t])
             k = np.cumsum(count) - count
             plan.t_slot, plan.t_index = slot_ids[t], batch_row[t]
             plan.t_k, plan.t_count = k, count
@@ -470,18 +480,19 @@ class HeadScorer:
             return None
         # the scored samples: their hidden/logits row, trace slot and trace count, the
         # hidden rows to keep; this step's accepted-draft tokens before each scored row
-        # (draft_of: which scored sample, draft_row: its tracked logits row, draft_tok)
-        spec = so.scheduled_spec_decode_tokens or {}
+        # (draft_of: which scored sample, draft_row: its tracked logits row, draft_at:
+        # the token's index in vLLM's draft tokens of the step, read there on the device:
+        # under async scheduling the host holds only placeholders)
         scored_row = (start + at)[found]
         scored_slot = slot_ids[found]
         scored_count = traced[found].copy()
-        hidden_rows, draft_of, draft_row, draft_tok = [], [], [], []
+        if meta is not None:
+            draft0 = np.cumsum(nd_all) - nd_all        # each row's first draft token
+        hidden_rows, draft_of, draft_row, draft_at = [], [], [], []
         for j, c in enumerate(found.tolist()):
             st = sts[c]
-            needs = 0
-            drafts = spec.get(st.rid) if spec else None
-            if drafts:
-                needs = max(0, int(at[c]) - (int(n_sched[c]) - len(drafts)) + 1)
+            # the drafts to be accepted for P's token to be the sample's own
+            needs = max(0, int(at[c]) - int(n_sched[c] - nd[c]) + 1) if nd[c] else 0
             hidden = -1
             if st.flags.return_hidden:
                 hidden = len(hidden_rows)
@@ -489,17 +500,17 @@ class HeadScorer:
             plan.rows.append(_Cand(st.rid, st.owner, st.flags, st.share, needs, hidden))
             if needs and logits is not None and tracked_k[c] >= 0:
                 extra = min(needs, int(plan.t_count[np.searchsorted(plan.t_k, tracked_k[c])]))
-                k0 = int(tracked_k[c])
+                k0, d0 = int(tracked_k[c]), int(draft0[batch_row[c]])
                 draft_of.extend([j] * extra)
                 draft_row.extend(range(k0, k0 + extra))
-                draft_tok.extend(max(0, int(tok)) for tok in drafts[:extra])
+                draft_at.extend(range(d0, d0 + extra))
                 scored_count[j] += extra
             if not needs:            # a real token: scored now, whatever sampling brings
                 del reqs[st.rid]
                 self._release(st)    # (its tracked rows, if any, add to a free slot)
         resets, self._reset = self._reset, []
         up = self.xfer.up(resets, lrows, scored_row, scored_slot, scored_count, hidden_rows,
-                          draft_of, draft_row, draft_tok)
+                          draft_of, draft_row, draft_at)
         reset_d, lrows_d, *scored_d = up
         acc = self._acc
         if resets:
@@ -513,6 +524,9 @@ class HeadScorer:
             # sampled tokens' gather after it
             plan.src = logits.index_select(0, lrows_d)
             plan.lse, plan.ent = logsumexp_entropy(plan.src)
+        if draft_at:
+            scored_d[-1] = meta.draft_token_ids.index_select(
+                0, scored_d[-1].to(meta.draft_token_ids.device)).long()
         if len(found):
             self._score(plan, state, *scored_d)
         return plan
@@ -585,36 +599,23 @@ class HeadScorer:
         if not sampled:
             return
         size = len(sampled)
-        if int(plan.t_count.max()) == 1:               # one row each: no drafts
-            toks = [(s[0] if (s := sampled[i]) else -1) if i < size else -1
-                    for i in plan.t_index.tolist()]
-            tok = np.array(toks, dtype=np.int64)
-            keep = tok >= 0
-            ks, tok, slots = plan.t_k[keep], tok[keep], plan.t_slot[keep]
-            counts = None
-        else:
-            ks, toks, slots, counts = [], [], [], []
-            for i, k, cnt, slot in zip(plan.t_index.tolist(), plan.t_k.tolist(),
-                                       plan.t_count.tolist(), plan.t_slot.tolist()):
-                got = sampled[i] if i < size else ()
-                c = min(cnt, len(got))
-                counts.append(c)
-                if c > 0:
-                    ks.extend(range(k, k + c))
-                    toks.extend(got[:c])
-                    slots.extend([slot] * c)
-            tok = toks
-        if len(ks):
-            if counts is None:
-                self._n[slots] += 1
-            else:
-                self._n[plan.t_slot] += np.array(counts, dtype=np.int64)
-            k_d, t_d, s_d = self.xfer.up(ks, tok, slots)
+        ks, toks, slots = [], [], []
+        for i, k, cnt, slot in zip(plan.t_index.tolist(), plan.t_k.tolist(),
+                                   plan.t_count.tolist(), plan.t_slot.tolist()):
+            got = sampled[i] if i < size else ()
+            c = min(cnt, len(got))
+            if c > 0:
+                ks.extend(range(k, k + c))
+                toks.extend(got[:c])
+                slots.extend([slot] * c)
+        if ks:
+            k_d, t_d, s_d = self.xfer.up(ks, toks, slots)
             self._accumulate(plan, k_d, t_d, s_d)
 
     def _add_tokens_async(self, plan: Plan, out) -> None:
-        """Async output: the sampled ids are a device tensor; each tracked sample's first
-        token (its only one without drafts) is gathered there."""
+        """Async output: the sampled ids are a device tensor (``[rows, 1 + drafts]``, -1
+        past a row's accepted tokens), read there: each tracked sample's first
+        ``t_count`` columns, each kept where its token is the sample's own."""
         ids = getattr(out, "_sampled_token_ids", None)
         if ids is None:
             return
@@ -622,19 +623,35 @@ class HeadScorer:
         bad = getattr(out, "_invalid_req_indices", None)
         if bad:
             keep &= ~np.isin(plan.t_index, np.asarray(bad, dtype=np.int64))
+        if not keep.any():
+            return
         ks, rows, slots = plan.t_k[keep], plan.t_index[keep], plan.t_slot[keep]
-        if len(ks):
-            self._n[slots] += 1
-            k_d, i_d, s_d = self.xfer.up(ks, rows, slots)
-            tok = ids.index_select(0, i_d.to(ids.device))[:, 0].long().clamp_min(0)
-            self._accumulate(plan, k_d, tok, s_d)
+        count = plan.t_count[keep]
+        width = min(int(count.max()), ids.shape[1])
+        col = np.arange(width)
+        # each (sample, column) pair: its logits row (the first where the column is past
+        # the sample's tracked rows: masked below), its slot, whether it is tracked
+        tracked = col[None, :] < count[:, None]
+        k_d, i_d, s_d, m_d = self.xfer.up(
+            np.where(tracked, ks[:, None] + col[None, :], ks[:, None]).ravel(),
+            rows, np.repeat(slots, width), tracked.ravel())
+        tok = ids.index_select(0, i_d.to(ids.device))[:, :width].reshape(-1).long()
+        own = (tok >= 0) & m_d.to(tok.device).bool()
+        self._accumulate(plan, k_d, tok.clamp_min(0), s_d, own)
 
-    def _accumulate(self, plan: Plan, k, tok, slots) -> None:
+    def _accumulate(self, plan: Plan, k, tok, slots, own=None) -> None:
+        """Add tokens ``tok`` of tracked rows ``k`` to their slots' sums; ``own``: a mask,
+        on the device, of the entries that count (None: all)."""
         lp = self._token_logprob(plan, k, tok)
+        ent = plan.ent.index_select(0, k)
+        low = lp
+        if own is not None:
+            low = lp.masked_fill(~own, math.inf)
+            lp, ent = lp.masked_fill(~own, 0.0), ent.masked_fill(~own, 0.0)
         acc = self._acc
         acc[0].index_add_(0, slots, lp)
-        acc[1].scatter_reduce_(0, slots, lp, "amin")
-        acc[2].index_add_(0, slots, plan.ent.index_select(0, k))
+        acc[1].scatter_reduce_(0, slots, low, "amin")
+        acc[2].index_add_(0, slots, ent)
 
     def _defer(self, plan: Plan, out) -> None:
         """Async output: decide in its ``get_output``, after it has waited for its copy

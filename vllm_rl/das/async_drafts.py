@@ -35,10 +35,6 @@ Without the lookahead a drafting step waits for step n's ids and drafts from the
 drafts synchronous scheduling gives, one step later); that wait, the drafting after it
 and vLLM's input preparation are host time on the step's path (``HOST.path_ns``;
 :data:`PATH_ATTR`, measured by the patch).
-
-A sample with ARRoL flags drafts nothing before its ``l_detect``-th token here: the host
-learns a step's acceptance only after the next step was prepared, and ARRoL's scorer
-must know on the host which row holds that token.
 """
 from __future__ import annotations
 

@@ -17,9 +17,6 @@ Sec. 4.2.1), chosen at construction (``DASConfig.batch_cap``):
   probability that it holds falls below the price of a draft token at this step's batch
   on the step-cost model (:meth:`DraftBudgets._draft_price`): long drafts in the tail,
   only the sure ones in the bulk.
-
-A sample with ARRoL flags drafts nothing before its ``l_detect``-th token under async
-scheduling (:data:`HOLD_LAG`; :mod:`.async_drafts`).
 """
 from __future__ import annotations
 
@@ -48,9 +45,6 @@ PROBE_ROWS = 8
 PRIOR_DRAFTS = 16.0
 PROBLEM_HORIZON = 256
 PHASE_LOG = 256          # recent phase decisions kept for das_phase() (tests, debugging)
-# Async scheduling: a step's decision reaches the scheduler's placeholders this many steps
-# later; an ARRoL hold ending within it already counts as drafting.
-HOLD_LAG = 2
 
 
 def _few(req_ids, want: np.ndarray, live: int) -> frozenset | None:
@@ -106,7 +100,6 @@ class DraftBudgets:
         sched = self._sched
         S = self.slots
         self._draft_now = draft
-        das = step.slots >= 0
         phase = None
         if len(live):
             if self._online:
@@ -121,18 +114,7 @@ class DraftBudgets:
             if len(forced):
                 step.max_tokens[forced] = self._room(forced, step,
                                                      self._budgets(forced, step, 1.0))
-        hold = S.hold[step.safe]
         want = step.max_tokens > 0
-        if hold.any():           # ARRoL samples under async scheduling (module docstring)
-            # lookahead: the step in flight gives the row at least its bonus token (the
-            # fewest it can have: the hold never ends early)
-            generated = S.generated[step.safe] + np.minimum(step.ahead, 1)
-            held = das & (generated < hold)
-            # a row released within the scheduler's lag counts as drafting now, so its
-            # placeholders are there the step its hold ends
-            soon = want & held & (generated + HOLD_LAG >= hold)
-            step.max_tokens[held] = 0
-            want = (step.max_tokens > 0) | soon
         # whether the next async step waits to draft: not while live rows all got 0; a
         # decision to draft made while only feeding holds until a drafting step uses it
         decided = bool(want.any()) if len(live) else True

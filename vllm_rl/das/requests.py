@@ -245,8 +245,6 @@ class RequestBook:
         cols.min_prob[j] = st.min_prob
         cols.force[j] = bool(das.force)
         cols.problem_key[j] = self._problem_key(problem)
-        if flags.arrol is not None and self._asynchronous:
-            cols.hold[j] = flags.arrol.l_detect
         cols.stop_ids.append(st.stop_ids)
         cols.tails.append((prompt, n_prompt))
         return st, first
@@ -423,8 +421,7 @@ class _Columns:
     stop ids and prompt (its context window starts with the prompt's last
     ``max_depth`` tokens)."""
 
-    _INT = ("seq", "max_tokens", "budget", "generated", "class_budget", "problem_key",
-            "hold")
+    _INT = ("seq", "max_tokens", "budget", "generated", "class_budget", "problem_key")
 
     def __init__(self, n: int) -> None:
         for name in self._INT:

@@ -15,7 +15,7 @@ POLICY_CODES = {"fixed": FIXED, "class": CLASS, "optimal": OPTIMAL}
 
 _INT = ("seq", "generated", "steps", "max_tokens", "budget", "class_budget", "next_check",
         "est_proposed", "est_accepted", "est_generated", "pend_drafted", "pend_accepted",
-        "problem_key", "hold")
+        "problem_key")
 
 
 class Slots:
@@ -26,8 +26,7 @@ class Slots:
     ``class_budget`` (its length class's budget), ``next_check`` (generated tokens at the
     next class update), ``est_proposed/accepted/generated`` (Eq. 3's counts),
     ``pend_drafted/accepted`` (counts not yet added to its problem's totals),
-    ``problem_key`` (its problem, for per-problem acceptance), ``hold`` (no drafts
-    before this many output tokens: ARRoL's ``l_detect`` under async scheduling); ``policy`` and ``rank``
+    ``problem_key`` (its problem, for per-problem acceptance); ``policy`` and ``rank``
     (length class, :data:`vllm_rl.das.budget.CLASSES` index) int8, ``min_prob`` float64,
     ``done`` bool (sealed at a natural end), ``force`` bool (``das.force``: drafts past
     the batch cap), ``guess_ok`` bool (async lookahead: the last step taken in came out
