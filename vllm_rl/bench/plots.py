@@ -165,17 +165,23 @@ def speedups(lines: Mapping[str, tuple[Sequence[float], Sequence[float], Sequenc
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 5.2), dpi=120)
     styles = _styles(list(lines))
-    for name, (xs, ys, lo, hi) in lines.items():
+    n = len(lines)
+    for i, (name, (xs, ys, lo, hi)) in enumerate(lines.items()):
         st = styles[name]
+        # side by side at each x (log scale: a factor), so no interval hides another
+        dodge = 2.0 ** (0.06 * (i - (n - 1) / 2))
         err = [[y - a for y, a in zip(ys, lo)], [b - y for y, b in zip(ys, hi)]]
-        ax.errorbar(xs, ys, yerr=err, label=name, capsize=3, marker="o", markersize=4, **st)
+        ax.errorbar([x * dodge for x in xs], ys, yerr=err, label=name, capsize=3,
+                    marker="o", markersize=4, **st)
         if dashed and name in dashed:
             dx, dy = dashed[name]
-            ax.plot(dx, dy, linestyle=":", color=st["color"], linewidth=1.2, alpha=0.8)
+            ax.plot([x * dodge for x in dx], dy, linestyle=":", marker="x", markersize=5,
+                    color=st["color"], linewidth=1.2, alpha=0.8)
     ax.axhline(1.0, color="#222222", linewidth=1.0, linestyle="--")
     ax.set_xscale("log", base=2)
     ticks = sorted({x for xs, *_ in lines.values() for x in xs})
     ax.set_xticks(ticks, [str(int(x)) for x in ticks])
+    ax.set_xlim(ticks[0] / 2 ** 0.5, ticks[-1] * 2 ** 0.5)      # room for the dodge
     ax.minorticks_off()
     ax.set_xlabel("sequences per step (prompts x M; the engine runs at most 1,024 at once)")
     ax.set_ylabel(ylabel)
