@@ -246,6 +246,20 @@ def _trace_of(c, L: int) -> tuple[float, float]:
     return sum(lps) / len(lps), min(lps)
 
 
+def _assert_traces(outs, L: int) -> int:
+    """Every record longer than L: its trace's mean and minimum are those of its first L
+    returned log-probabilities.  Returns how many it checked."""
+    checked = 0
+    for _, c, info in _infos(outs):
+        if info.length <= L:
+            continue
+        mean_lp, min_lp = _trace_of(c, L)
+        assert info.trace[0] == pytest.approx(mean_lp, abs=1e-4)
+        assert info.trace[1] == pytest.approx(min_lp, abs=1e-4)
+        checked += 1
+    return checked
+
+
 def _hf_entropy(model, ids: list[int], start: int, count: int) -> float:
     """Mean entropy of the next-token distributions that produced ids[start:start+count]."""
     with torch.no_grad():
@@ -290,15 +304,8 @@ def test_trace_features_inside_multi_token_das_steps(llm, prompts, request):
     das_llm.generate(ps, sp, use_tqdm=False)                       # fills the trees
     at_draft = das_llm.arrol_info()["scored_at_draft"]
     outs = das_llm.generate(ps, sp, use_tqdm=False)
-    checked = 0
-    for o, c, info in _infos(outs):
-        if info.length <= L:
-            continue
-        mean_lp, min_lp = _trace_of(c, L)
-        assert info.trace[0] == pytest.approx(mean_lp, abs=1e-4)
-        assert info.trace[1] == pytest.approx(min_lp, abs=1e-4)
-        checked += 1
-    assert checked >= 2 and sum(i.draft_accepted for _, _, i in _infos(outs)) > 0
+    assert _assert_traces(outs, L) >= 2
+    assert sum(i.draft_accepted for _, _, i in _infos(outs)) > 0
     assert das_llm.arrol_info()["scored_at_draft"] > at_draft
 
 
@@ -315,17 +322,9 @@ def test_trace_features_of_sampled_rollouts_with_rejected_drafts(llm, prompts, r
     das_llm.generate(ps, sp, use_tqdm=False)                       # fills the trees
     sp.seed = 22
     outs = das_llm.generate(ps, sp, use_tqdm=False)
-    checked = proposed = accepted = 0
-    for o, c, info in _infos(outs):
-        proposed += info.draft_proposed
-        accepted += info.draft_accepted
-        if info.length <= L:
-            continue
-        mean_lp, min_lp = _trace_of(c, L)
-        assert info.trace[0] == pytest.approx(mean_lp, abs=1e-4)
-        assert info.trace[1] == pytest.approx(min_lp, abs=1e-4)
-        checked += 1
-    assert checked >= 8 and 0 < accepted < proposed
+    assert _assert_traces(outs, L) >= 8
+    accepted = sum(i.draft_accepted for _, _, i in _infos(outs))
+    assert 0 < accepted < sum(i.draft_proposed for _, _, i in _infos(outs))
 
 
 def test_a_head_with_trace_features_scores_them(arrol_llm, prompts):

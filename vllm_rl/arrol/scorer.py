@@ -599,16 +599,22 @@ class HeadScorer:
         if not sampled:
             return
         size = len(sampled)
-        ks, toks, slots = [], [], []
-        for i, k, cnt, slot in zip(plan.t_index.tolist(), plan.t_k.tolist(),
-                                   plan.t_count.tolist(), plan.t_slot.tolist()):
-            got = sampled[i] if i < size else ()
-            c = min(cnt, len(got))
-            if c > 0:
-                ks.extend(range(k, k + c))
-                toks.extend(got[:c])
-                slots.extend([slot] * c)
-        if ks:
+        if int(plan.t_count.max()) == 1:               # one row each: no drafts
+            tok = np.array([(s[0] if (s := sampled[i]) else -1) if i < size else -1
+                            for i in plan.t_index.tolist()], dtype=np.int64)
+            keep = tok >= 0
+            ks, toks, slots = plan.t_k[keep], tok[keep], plan.t_slot[keep]
+        else:
+            ks, toks, slots = [], [], []
+            for i, k, cnt, slot in zip(plan.t_index.tolist(), plan.t_k.tolist(),
+                                       plan.t_count.tolist(), plan.t_slot.tolist()):
+                got = sampled[i] if i < size else ()
+                c = min(cnt, len(got))
+                if c > 0:
+                    ks.extend(range(k, k + c))
+                    toks.extend(got[:c])
+                    slots.extend([slot] * c)
+        if len(ks):
             k_d, t_d, s_d = self.xfer.up(ks, toks, slots)
             self._accumulate(plan, k_d, t_d, s_d)
 

@@ -238,7 +238,7 @@ class DraftBudgets:
         step.min_prob[live] = np.maximum(step.min_prob[live], tau)   # keep their own
 
     def _draft_price(self, batch: int) -> float:
-        """τ = B (t(w + 1) − t(w)) / t(0): the acceptance at which one more draft token
+        """τ = (t(w + 1) − t(w)) / t(0): the acceptance at which one more draft token
         pays, in a step of ``batch`` rows that verify w drafts each (t: the step-cost
         model's time at this batch and mean context by drafts per row, Eq. 1 measured;
         w: the last drafting step's mean, floored).  The token costs
