@@ -453,6 +453,7 @@ class HeadScorer:
         else:
             nd_all = np.asarray(meta.num_draft_tokens, dtype=np.int64)
             nd = nd_all[batch_row]
+            draft0 = np.cumsum(nd_all) - nd_all        # each row's first draft token
         computed = batch.num_computed_tokens_cpu[batch_row]
         n_prompt = batch.num_prompt_tokens[batch_row]
         traced = np.maximum(computed + n_sched - nd - n_prompt, 0)
@@ -465,8 +466,7 @@ class HeadScorer:
             if meta is None:                           # one logits row per sample
                 first, count = batch_row[t], np.ones(len(t), dtype=np.int64)
             else:                                      # 1 + its drafts
-                rows0 = np.cumsum(nd_all + 1) - (nd_all + 1)
-                first = rows0[batch_row[t]]
+                first = (draft0 + np.arange(len(nd_all)))[batch_row[t]]   # 1 + drafts each
                 count = np.minimum(nd[t] + 1, (l_detect - traced)[t])
             k = np.cumsum(count) - count
             plan.t_slot, plan.t_index = slot_ids[t], batch_row[t]
@@ -486,8 +486,6 @@ class HeadScorer:
         scored_row = (start + at)[found]
         scored_slot = slot_ids[found]
         scored_count = traced[found].copy()
-        if meta is not None:
-            draft0 = np.cumsum(nd_all) - nd_all        # each row's first draft token
         hidden_rows, draft_of, draft_row, draft_at = [], [], [], []
         for j, c in enumerate(found.tolist()):
             st = sts[c]

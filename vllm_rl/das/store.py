@@ -315,8 +315,8 @@ class ProblemTrees:
         self.stored_tokens -= n
         if self.defer_removals:
             self._doomed.append((p.tree, seq))
-        elif seq in p.tree:
-            p.tree.remove(seq)
+        else:
+            self.remove([(p.tree, seq)])
         self._drop_if_empty(problem_id, p)
 
     def _drop_if_empty(self, problem_id: str, p: Problem) -> None:
