@@ -648,53 +648,65 @@ int SuffixTree::draft_from(Locus at, uint32_t m, uint32_t b, double min_prob, To
 }
 
 // The hypotheses of the lookahead (feed_and_draft's drafts with the first token branched).
-// A continuation other than `exclude` is monotone in the suffix length like continuing
-// itself (a shorter suffix occurs wherever a longer one does, with every continuation of
-// it), so the longest suffix that has one is bisected as in draft_into's backoff.
+// A continuation not known yet (neither `exclude` nor found) is monotone in the suffix
+// length like continuing itself (a shorter suffix occurs wherever a longer one does, with
+// every continuation of it), so each next suffix that has one is bisected as in
+// draft_into's backoff.
 int SuffixTree::branch_points(const Token* context, size_t n, Locus at, uint32_t m,
-                              Token exclude, int branches, Branch* out,
-                              uint32_t* m_out) const {
-  *m_out = 0;
-  if (branches <= 0) return 0;
-  auto other = [exclude](const Locus& l) {
-    if (l.off < l.node->len) return label(l.node)[l.off] != exclude;
-    return l.node->nchild > 1 || (l.node->nchild == 1 && l.node->ctok[0] != exclude);
-  };
-  if (m > 0 && !other(at)) m = back_off(context, n, m, other, &at);
-  if (m == 0) return 0;
-  *m_out = m;
-  // The candidates: the edge's next token, or the node's children by count (descending;
-  // children ascend by token and a strict '>' keeps the smaller token first).
+                              Token exclude, int branches, Branch* out) const {
   const int want = std::min(branches, kMaxBranches);
   uint32_t cnt[kMaxBranches];
-  uint32_t total = at.node->count;  // occurrences continuing other than with `exclude`
   int got = 0;
-  if (at.off < at.node->len) {
-    out[0] = Branch{label(at.node)[at.off], Locus{at.node, at.off + 1}, 0.0};
-    cnt[0] = at.node->count;
-    got = 1;
-  } else {
-    Node* const* ch = kids(at.node);
-    for (uint32_t i = 0; i < at.node->nchild; ++i) {
-      const Token t = at.node->ctok[i];
-      if (t == exclude) {
-        total -= ch[i]->count;
-        continue;
+  auto known = [&](Token t, int upto) {
+    if (t == exclude) return true;
+    for (int j = 0; j < upto; ++j)
+      if (out[j].tok == t) return true;
+    return false;
+  };
+  auto novel = [&](const Locus& l) {
+    if (l.off < l.node->len) return !known(label(l.node)[l.off], got);
+    for (uint32_t i = 0; i < l.node->nchild; ++i)
+      if (!known(l.node->ctok[i], got)) return true;
+    return false;
+  };
+  if (want <= 0) return 0;
+  if (m > 0 && !novel(at)) m = back_off(context, n, m, novel, &at);
+  double escape = 1.0;  // the chance left to continuations not known: λ / (total + λ) a level
+  while (m > 0) {
+    // The level's new candidates: the edge's next token, or the node's children not known
+    // by count (descending; children ascend by token and a strict '>' keeps the smaller
+    // token first); `total` its occurrences continuing with a token not known before it.
+    const int first = got;
+    uint32_t total = at.node->count;
+    if (at.off < at.node->len) {
+      out[got] = Branch{label(at.node)[at.off], Locus{at.node, at.off + 1}, 0.0, m};
+      cnt[got++] = at.node->count;
+    } else {
+      Node* const* ch = kids(at.node);
+      for (uint32_t i = 0; i < at.node->nchild; ++i) {
+        const Token t = at.node->ctok[i];
+        const uint32_t c = ch[i]->count;
+        if (known(t, first)) {
+          total -= c;
+          continue;
+        }
+        int pos = got;
+        while (pos > first && cnt[pos - 1] < c) --pos;
+        if (pos >= want) continue;
+        for (int k = std::min(got, want - 1); k > pos; --k) {
+          out[k] = out[k - 1];
+          cnt[k] = cnt[k - 1];
+        }
+        out[pos] = Branch{t, Locus{ch[i], 1}, 0.0, m};
+        cnt[pos] = c;
+        got = std::min(got + 1, want);
       }
-      const uint32_t c = ch[i]->count;
-      int pos = got < want ? got : want;
-      while (pos > 0 && cnt[pos - 1] < c) --pos;
-      if (pos >= want) continue;
-      for (int k = std::min(got, want - 1); k > pos; --k) {
-        out[k] = out[k - 1];
-        cnt[k] = cnt[k - 1];
-      }
-      out[pos] = Branch{t, Locus{ch[i], 1}, 0.0};
-      cnt[pos] = c;
-      got = std::min(got + 1, want);
     }
+    for (int j = first; j < got; ++j) out[j].share = escape * next_prob(cnt[j], total);
+    escape *= prior_ / (static_cast<double>(total) + prior_);
+    if (got >= want || escape <= 0.0 || m <= 1) break;
+    m = back_off(context, n, m, novel, &at);
   }
-  for (int j = 0; j < got; ++j) out[j].share = next_prob(cnt[j], total);
   return got;
 }
 
@@ -992,13 +1004,11 @@ struct HypothesisWork {
         probs(static_cast<size_t>(r.width)),
         slot(static_cast<size_t>(std::max<int32_t>(r.k_max, 1)), 0.0) {}
 
-  // An outcome (a, x) of a row: its chance, its count, its branch (the j-th found) and
-  // the suffix it continues.
+  // An outcome (a, x) of a row: its chance, its count and its branch (the j-th found).
   struct Outcome {
     double chance;
     int32_t a;
     int32_t j;
-    uint32_t m;
     SuffixTree::Branch br;
   };
   // The most likely first; among equals the smaller count, then the more frequent branch.
@@ -1100,10 +1110,13 @@ void HypothesisWork::row(SuffixTree* const* trees, const HypothesisRows& r, size
       }
       const SuffixTree::Locus at = locus[a];
       const uint32_t m = suffix[a] - 1;
-      uint32_t mb = 0;
-      const int got = t->branch_points(ctx.data(), keep, at, m, a < k ? d[a] : -1, B, br, &mb);
+      // a count's branches come most likely first where λ < 1 (a shorter suffix's share
+      // is below the escape before it, below the least share of the longer suffix), so
+      // no more than H of them can be among the H most likely; for any λ, its first H
+      const int got = t->branch_points(ctx.data(), keep, at, m, a < k ? d[a] : -1,
+                                       std::min(B, H), br);
       for (int j = 0; j < got; ++j)
-        outcomes.push_back(Outcome{chance_of[a] * br[j].share, a, j, mb, br[j]});
+        outcomes.push_back(Outcome{chance_of[a] * br[j].share, a, j, br[j]});
     }
     const size_t take = std::min<size_t>(outcomes.size(), static_cast<size_t>(H));
     std::partial_sort(outcomes.begin(), outcomes.begin() + take, outcomes.end(), more_likely);
@@ -1116,7 +1129,7 @@ void HypothesisWork::row(SuffixTree* const* trees, const HypothesisRows& r, size
       lengths[h] = o.a + 1;
       int match_len = 0;
       int64_t match_count = 0;
-      const int len = b ? t->draft_from(o.br.next, o.m + 1, b, r.min_prob[i], out.data(),
+      const int len = b ? t->draft_from(o.br.next, o.br.m + 1, b, r.min_prob[i], out.data(),
                                         probs.data(), &match_len, &match_count)
                         : 0;
       r.branch_len[cell] = 1 + len;

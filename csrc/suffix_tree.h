@@ -232,10 +232,13 @@ class SuffixTree {
     const Node* node;
     uint32_t off;
   };
-  struct Branch {  // a continuation: its token, the locus after it, its share (branch_points)
+  // A continuation (branch_points): its token, the locus after it, its share and the
+  // length of the suffix it continues.
+  struct Branch {
     Token tok;
     Locus next;
     double share;
+    uint32_t m;
   };
   static constexpr int kMaxBranches = 16;
 
@@ -282,12 +285,15 @@ class SuffixTree {
   // continues with a token other than `exclude` (< 0: any token), given the locus `at` of
   // its longest present suffix of m <= cap tokens (longest_suffix; the hypotheses condition
   // on at most D - b - 1 tokens so that the branch and a draft of b tokens after it fit the
-  // depth): each one's token, the locus after it and its share of the continuations other
-  // than `exclude` (next_prob), most frequent first (ties: the smaller token first, as
-  // draft_from), at most min(branches, kMaxBranches); *m_out the suffix's length (0: none,
-  // and no branches).  Returns the branches.
+  // depth): each one's token, the locus after it, its share of the continuations other
+  // than `exclude` (next_prob) and the suffix's length, most frequent first (ties: the
+  // smaller token first, as draft_from).  Where that suffix has fewer, each shorter
+  // suffix with a continuation not found yet adds those, most frequent first, with their
+  // share among the continuations not found (nor `exclude`) times the escape
+  // λ / (total + λ) of each longer suffix (PPM's method A with exclusion; none with
+  // λ = 0).  At most min(branches, kMaxBranches).  Returns the branches.
   int branch_points(const Token* context, size_t n, Locus at, uint32_t m, Token exclude,
-                    int branches, Branch* out, uint32_t* m_out) const;
+                    int branches, Branch* out) const;
   // q[j]: the tree's probability of d[j] after the context and d[0, j) (next_prob along
   // the context's longest suffix of at most D - k tokens; 0 from the first token not
   // seen there, and for every token when no suffix is stored).

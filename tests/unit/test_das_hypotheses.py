@@ -18,23 +18,32 @@ def _reference(tree: SuffixTree, context: list[int], exclude: int, branches: int
                min_prob: float, alphabet: int) -> list[tuple]:
     """By definition: the longest context suffix (<= D - b - 1, b < D) followed by some
     token other than ``exclude``; its ``branches`` most frequent such tokens (the
-    smaller first among equals), each with its draft from the suffix and that token (as
-    long as fits the depth), the draft's cumulative probabilities given the token, and
-    the token's share of the continuations other than ``exclude``."""
+    smaller first among equals), each with its share of the continuations other than
+    ``exclude`` (count / (their total + λ)); while fewer than ``branches``, the next
+    shorter suffix with a continuation not found yet adds its most frequent such tokens,
+    each with its share among the continuations not found times the escape of the
+    longer suffixes (λ / (total + λ) each: PPM's method A with exclusion).  Each token
+    with its draft from its suffix and that token (as long as fits the depth), the
+    draft's cumulative probabilities given the token, and its share."""
     D = tree.max_depth
     b = min(b, D - 1)
     cap = max(D - b - 1, 1)
+    found, escape = [], 1.0
     for m in range(min(len(context), cap), 0, -1):
         suffix = context[-m:]
-        counts = {t: tree.count(suffix + [t]) for t in range(alphabet) if t != exclude}
+        skip = {exclude} | {t for t, _, _ in found}
+        counts = {t: tree.count(suffix + [t]) for t in range(alphabet) if t not in skip}
         counts = {t: c for t, c in counts.items() if c}
-        if tree.count(suffix) and counts:
-            top = sorted(counts, key=lambda t: (-counts[t], t))[:branches]
-            room = min(b, D - m - 1)
-            total = tree.count(suffix) - (tree.count(suffix + [exclude]) if exclude >= 0 else 0)
-            return [(t, *_draft(tree, suffix + [t], room, min_prob, alphabet),
-                     counts[t] / (total + tree.prior)) for t in top]
-    return []
+        if not tree.count(suffix) or not counts:
+            continue
+        total = tree.count(suffix) - sum(tree.count(suffix + [t]) for t in skip if t >= 0)
+        top = sorted(counts, key=lambda t: (-counts[t], t))[:branches - len(found)]
+        found += [(t, m, escape * counts[t] / (total + tree.prior)) for t in top]
+        escape *= tree.prior / (total + tree.prior)
+        if len(found) >= branches or not escape:
+            break
+    return [(t, *_draft(tree, context[-m:] + [t], min(b, D - m - 1), min_prob, alphabet),
+             share) for t, m, share in found]
 
 
 def _draft(tree, s, room, min_prob, alphabet):
@@ -95,7 +104,8 @@ def _branches(tree, contexts, exclude, b, min_prob, branches):
 def test_branches_equal_the_reference():
     rng = random.Random(3)
     for trial in range(80):
-        tree = SuffixTree(max_depth=rng.choice([8, 16, 32]), prior=rng.choice([0.0, 1.0]))
+        tree = SuffixTree(max_depth=rng.choice([8, 16, 32]),
+                          prior=rng.choice([0.0, 0.5, 1.0, 3.0]))
         alphabet = rng.randint(2, 6)
         for s in range(rng.randint(1, 5)):
             tree.insert(s, [rng.randrange(alphabet) for _ in range(rng.randint(5, 60))])
@@ -133,6 +143,21 @@ def test_hand_example():
     assert _branches(tree, [[1, 2, 3]], [-1], 4, 0.45, 3) == [[[4, 5], [9, 9]]]
     # a draft token below the cutoff given its own branch is not drafted (5 after 4)
     assert _branches(tree, [[1, 2, 3]], [-1], 4, 0.6, 3) == [[[4], [9]]]
+
+
+def test_shorter_suffixes_fill_the_branches():
+    """Where the longest suffix has fewer continuations than ``branches``, shorter
+    suffixes add theirs (PPM's escape with exclusion; λ = 1): after (1, 2, 3), 4 (2/4) and
+    9 (1/4), then 8, seen after (2, 3) only, with the escape 1/4 times its share 1/2 of
+    the continuations of (2, 3) other than 4 and 9.  With λ = 0 nothing escapes."""
+    rollouts = [[1, 2, 3, 4, 5], [1, 2, 3, 9, 9], [1, 2, 3, 4, 6], [7, 2, 3, 8]]
+    for prior, want in ((1.0, [[4, 5], [9, 9], [8]]), (0.0, [[4, 5], [9, 9]])):
+        tree = SuffixTree(32, prior=prior)
+        for s, x in enumerate(rollouts):
+            tree.insert(s, x)
+        assert _branches(tree, [[1, 2, 3]], [-1], 4, 0.0, 3) == [want]
+        shares = [(t, share) for t, *_, share in _reference(tree, [1, 2, 3], -1, 3, 4, 0.0, 10)]
+        assert shares == [(4, 0.5), (9, 0.25), (8, 0.125)] if prior else [(4, 2 / 3), (9, 1 / 3)]
 
 
 def test_bad_arguments():
@@ -177,8 +202,8 @@ def _reference_hypotheses(tree, context, d, k, b, min_prob, branches, alphabet, 
         if not context and not a:
             continue
         exclude = d[a] if a < k else -1
-        got = _reference(tree, (context + d[:a])[-tree.max_depth:], exclude, branches, b,
-                         min_prob, alphabet)
+        got = _reference(tree, (context + d[:a])[-tree.max_depth:], exclude,
+                         min(branches, H), b, min_prob, alphabet)
         outcomes += [(chance * share, a, x, draft, probs) for x, draft, probs, share in got]
     outcomes.sort(key=lambda o: -o[0])          # stable: the order found among equals
     for h, (chance, a, x, draft, probs) in enumerate(outcomes[:H]):
@@ -223,8 +248,8 @@ def test_hypotheses_equal_the_reference(most):
     draft nothing or have no tree get none."""
     rng = random.Random(11 + most)
     for trial in range(60):
-        trees = [SuffixTree(max_depth=rng.choice([8, 16, 32]), prior=rng.choice([0.0, 1.0]))
-                 for _ in range(2)]
+        trees = [SuffixTree(max_depth=rng.choice([8, 16, 32]),
+                            prior=rng.choice([0.0, 0.5, 1.0, 3.0])) for _ in range(2)]
         alphabet = rng.randint(2, 5)
         for t in trees:
             for s in range(rng.randint(1, 5)):
@@ -268,7 +293,7 @@ def test_hypotheses_equal_the_reference_on_the_trees_own_drafts(most):
     hypotheses."""
     rng = random.Random(5 + most)
     for trial in range(40):
-        tree = SuffixTree(max_depth=rng.choice([6, 12, 32]), prior=rng.choice([0.0, 0.5]))
+        tree = SuffixTree(max_depth=rng.choice([6, 12, 32]), prior=rng.choice([0.0, 0.5, 3.0]))
         alphabet = rng.randint(3, 8)
         text = [rng.randrange(alphabet) for _ in range(80)]
         for s in range(rng.randint(2, 6)):

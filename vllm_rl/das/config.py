@@ -102,17 +102,18 @@ class DASConfig:
     while step n runs, from the context up to step n - 1, step n's own drafts and
     hypotheses of its outcome (:mod:`vllm_rl.das.hypotheses`): of the outcomes (a, x),
     a of step n's drafts accepted and x one of the ``branches`` most frequent next
-    tokens in the tree after them (the rejected draft token excluded), the
-    ``hypotheses`` most likely by the tree's chance (a row verifying the default
-    budget's 2b = 8 drafts has at most 36 outcomes); with ``step_hypotheses`` > 0 a step
-    shares that many among its drafting rows instead, at least ``hypotheses`` and at
-    most 64 a row.  The device takes the hypothesis that step n's sampled tokens bear
-    out, so nothing waits for them and vLLM prepares step n + 1's inputs under step n's
-    forward pass as it does without drafts.  An outcome outside the hypotheses costs
-    the verification of drafts that are rejected, never a token.  ``branches=4``,
-    ``hypotheses=8`` and ``step_hypotheses=0`` are the project's, chosen on nine paired
-    seeds at 128 × 8 and the host time at 1,024 live (``docs/benchmarks.md``, "The most
-    likely outcomes").
+    tokens in the tree after them (the rejected draft token excluded; where the longest
+    suffix has fewer, shorter suffixes add theirs, PPM's escape), the ``hypotheses``
+    most likely by the tree's chance; with ``step_hypotheses`` > 0 a step shares that
+    many among its drafting rows instead, at least ``hypotheses`` and at most 64 a row
+    (so a full batch keeps 8 a row and a tail of 16 rows 64).  The device takes the
+    hypothesis that step n's sampled tokens bear out, so nothing waits for them and
+    vLLM prepares step n + 1's inputs under step n's forward pass as it does without
+    drafts.  An outcome outside the hypotheses costs the verification of drafts that
+    are rejected, never a token.  ``branches=16``, ``hypotheses=8`` and
+    ``step_hypotheses=1024`` are the project's, chosen on nine paired seeds at 128 × 8
+    and the host time at 1,024 live (``docs/benchmarks.md``, "Shorter suffixes fill
+    the hypotheses").
     Off: a drafting step waits for step n's tokens and drafts from them (synchronous
     scheduling's drafts), and that wait and what follows it are host time on the
     step's path.
@@ -143,9 +144,9 @@ class DASConfig:
     background_feed: bool = True
     async_scheduling: bool = True
     lookahead: bool = True
-    branches: int = 4
+    branches: int = 16
     hypotheses: int = 8
-    step_hypotheses: int = 0
+    step_hypotheses: int = 1024
     threads: int = 4
 
     @property

@@ -12,7 +12,11 @@ is one of
 
 The outcomes are the pairs (a, x) for a in 0 … k and x among the ``branches`` most
 frequent continuations of ``context + d_1 … d_a`` in the row's tree other than d_{a+1}
-(``SuffixTree.branch_points``), each with the tree's chance P(a) · P(x | a) (below).  A
+(``SuffixTree.branch_points``), each with the tree's chance P(a) · P(x | a) (below).
+Where the longest suffix that continues has fewer (often a suffix seen once, with its
+one continuation), each shorter suffix adds its continuations not found yet, as PPM's
+method A with exclusion backs off (Cleary & Witten 1984): the longer suffixes leave
+λ / (total + λ) each to tokens they have not seen.  A
 row's hypotheses are its H most likely outcomes, each with the tree's draft after it:
 one C++ call for the step builds them all (:func:`build`).  H is
 ``DASConfig.hypotheses``, or with ``DASConfig.step_hypotheses`` > 0 the step's share of
@@ -39,7 +43,9 @@ c_h(u) the tree's cumulative probability of h's draft through its u-th token giv
 q_1 … q_k for a = k, q_j the tree's probability of d_j after the context and d_1 …
 d_{j−1} (``SuffixTree.path_probs``); P(x | a) is x's count among the continuations
 other than d_{a+1}, over their total plus the tree's λ (with λ = 0 a tree that has
-seen only d_{a+1} there gives the outcome chance 0).  L is the number of leading slots
+seen only d_{a+1} there gives the outcome chance 0), and for an x of a shorter suffix
+its count among that suffix's continuations not found before, over their total plus
+λ, times λ / (total + λ) of each longer suffix searched.  L is the number of leading slots
 whose chance reaches the row's cutoff: the rule by which the confidence cap
 (:mod:`.budgeting`) prices drafts, a slot's acceptance against its price.  Each
 hypothesis drafts while c_h stays at the cutoff (a token below it adds less than the
@@ -125,7 +131,8 @@ def build(store, seqs: np.ndarray, contexts: np.ndarray, context_len: np.ndarray
     each row with ``max_tokens > 0``, of rollout ``seqs`` (its tree) and context
     ``contexts[i, :context_len[i]]``, verifying ``d[i, :k[i]]`` in the step on the device:
     of the outcomes (a, x), a in 0 … k[i] and x among the ``branches`` most frequent next
-    tokens after ``context + d_1 … d_a`` other than d_{a+1}, the ``most`` likely, each
+    tokens after ``context + d_1 … d_a`` other than d_{a+1} (shorter suffixes filling in,
+    module docstring; at most ``most`` a count), the ``most`` likely, each
     with its draft, on up to ``threads`` threads (the same output).  Returns the
     hypotheses and the call's CPU time (ns)."""
     H = per_row(k[max_tokens > 0], branches, most)
