@@ -66,7 +66,10 @@ setup(
     ext_modules=ext_modules(),
     cmdclass={"build_ext": CMakeBuild},
     install_requires=["numpy", "tqdm", "google-re2", "matplotlib"],
-    extras_require={"test": ["pytest>=8", "hypothesis>=6", "ruff==0.17.6"]},
+    # pybind11 and cmake: the fast rebuild of the suffix tree in place
+    # (`python setup.py build_ext --inplace`), which the isolated build does not leave
+    extras_require={"test": ["pytest>=8", "hypothesis>=6", "ruff==0.17.6", "pybind11>=2.12",
+                             "cmake>=3.18"]},
     entry_points={
         "vllm.general_plugins": ["vllm_rl = vllm_rl.plugin:register"],
         "vllm.endpoint_plugins": ["vllm_rl = vllm_rl.endpoint:RLEndpoints"],

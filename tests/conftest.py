@@ -32,13 +32,9 @@ def rl_llm():
     shutdown(llm)
 
 
-@pytest.fixture(scope="module")
-def inproc_llm():
-    """``vllm_rl.LLM`` with the engine core in this process
-    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``llm_engine.step()`` is exactly one engine
-    step, and the scheduler can be read between steps.  One per module, shut down at its
-    end: the session's other engines stay up through the integration tier, whose Ray
-    clusters need the memory."""
+def inproc_engine(**kwargs):
+    """``vllm_rl.LLM`` on the embedded model with the engine core in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, for this call only); ``kwargs`` go to it."""
     import os
 
     from vllm_rl import LLM
@@ -47,12 +43,22 @@ def inproc_llm():
     old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
-        llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN)
+        return LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN, **kwargs)
     finally:
         if old is None:
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
         else:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+
+
+@pytest.fixture(scope="module")
+def inproc_llm():
+    """``vllm_rl.LLM`` with the engine core in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``llm_engine.step()`` is exactly one engine
+    step, and the scheduler can be read between steps.  One per module, shut down at its
+    end: the session's other engines stay up through the integration tier, whose Ray
+    clusters need the memory."""
+    llm = inproc_engine()
     yield llm
     shutdown(llm)
 

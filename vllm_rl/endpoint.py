@@ -25,6 +25,12 @@
   serve KV of the old weights.  Requests that arrive
   during the reload are parked and served on the new weights, never refused (vLLM 0.33's
   own ``pause_generation`` answers them 503; :func:`vllm_rl.weights.pause_parked`).
+- ``POST /vllm_rl/end_step`` with ``{"step": N}`` ends trainer step N now (partial
+  rollouts driven over HTTP: the trainer counts the step's complete groups itself; the
+  engine-core utility ``vllm_rl_end_step``, :mod:`vllm_rl.end_step`): its samples still
+  generating come back ``carried``.  ``{"step": N, "live": k}``: k of its samples were
+  live (0 for a step the engine does not hold).  A step that is not an int >= 0 is a 400
+  naming ``partial.step``, as the flag reader refuses it.
 - ``POST /v1/completions`` and ``POST /v1/chat/completions`` (vLLM's own routes) get
   :class:`vllm_rl.http_flags.FlagCheckMiddleware`: a bad ``vllm_rl`` flag is an HTTP 400
   before the response starts, streamed or not.
@@ -182,6 +188,24 @@ class RLEndpoints:
             observe_weight_sync(mode, cache)
             return {"reloaded": True, "path": body.get("path"), "mode": mode, "cache": cache,
                     "seconds": round(time.perf_counter() - t0, 3)}
+
+        @router.post("/vllm_rl/end_step")
+        async def end_step(raw: Request):
+            body, err = await _body(raw, ("step",), ("step",))
+            if err:
+                return err
+            from vllm_rl.end_step import end_step_async
+            from vllm_rl.flags import FlagError, read_step
+
+            try:
+                step = read_step(body["step"])
+            except FlagError as e:
+                return _error(400, f"end_step: {e}")
+            try:
+                live = await end_step_async(raw.app.state.engine_client, step)
+            except Exception as e:        # an engine that does not run the RL scheduler
+                return _error(400, f"end_step: {e}")
+            return {"step": step, "live": live}
 
         app.include_router(router)
 

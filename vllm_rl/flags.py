@@ -324,6 +324,16 @@ class PartialFlags:
 PARTIAL_FIELDS = _fields(PartialFlags)
 
 
+def read_step(value: Any) -> int:
+    """A trainer step as ``partial.step`` reads it (an int >= 0; no bool, float, string
+    or None): what ``end_step`` takes, on every path (a drop-in's call, the engine-core
+    utility, ``POST /vllm_rl/end_step``).  :class:`FlagError` otherwise, naming
+    ``partial.step``."""
+    if value is None:
+        raise FlagError("partial.step", "missing", PARTIAL_FIELDS["step"].allowed())
+    return PARTIAL_FIELDS["step"].check("partial.step", value)
+
+
 SECTIONS = ("group", "darts", "duet", "das", "arrol", "partial")
 
 

@@ -262,6 +262,27 @@ NOT_RUN_OUT = frozenset({Reason.DUET_ABORTED, Reason.ARROL_PRUNED, Reason.ABORT,
                          Reason.DARTS_CANCELLED, Reason.STALE})
 
 
+def token_spans(spans: Sequence[Sequence[int]], length: int) -> list[list[int]]:
+    """Weight-version spans ``[[v0, 0], [v1, i1], ...]`` cut to those that hold a token
+    of a ``length``-token sample: span k holds tokens ``[i_k, i_{k+1})``, so a span that
+    starts where the next one does (two syncs with no token between) or at ``length``
+    or later (a sync, or a continuation's admission, after its last token) holds none
+    and goes; neighbours of one version join.  What is left is ``0 = i0 < i1 < ... <
+    length``, each version's first token, which a continuation's
+    ``partial.prior_versions`` takes back as it is.  A sample with no token keeps its
+    first span."""
+    out: list[list[int]] = []
+    for v, i in spans:
+        if out and i >= length:
+            continue                    # after the sample's last token: holds none
+        if out and i <= out[-1][1]:
+            out.pop()                   # the span before holds none: this one replaces it
+        if out and out[-1][0] == v:
+            continue                    # the same weights go on
+        out.append([v, 0 if not out else i])
+    return out
+
+
 def hidden_ids(infos: Sequence[RolloutInfo | None]) -> list[str]:
     """The ids of the hidden states these records name and do not hold yet (to take with
     the ``arrol_hidden`` RPC), each once, in order."""

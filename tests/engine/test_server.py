@@ -165,6 +165,13 @@ BAD = [  # (vllm_xargs, n, the flag the 400 names)
     (rl_xargs(group={"size": 2}, darts={"k": 1}) | {"vllm_rl.darts.k": 9}, 2, "darts.k"),
     ({"vllm_rl": "{oops"}, 1, "vllm_rl"),                   # not JSON
     ({"vllm_rl.das.budget": 2}, 1, "das"),                  # this server has no drafter
+    ({"vllm_rl.partial.step": 1.5}, 1, "partial.step"),     # partial rollouts' flags
+    ({"vllm_rl": json.dumps({"partial": {"step": 1, "start_step": 0, "prior_tokens": 5,
+                                         "prior_versions": [[0, 0], [1, 5]]}})}, 1,
+     "partial.prior_versions"),                             # a span holding no token
+    ({"vllm_rl.partial.step": 1, "vllm_rl.partial.prior_tokens": 4}, 1,
+     "partial.start_step"),                                 # a continuation needs it
+    ({"vllm_rl.partial.until_groups": 0}, 1, "partial.until_groups"),
 ]
 
 
@@ -226,3 +233,39 @@ def test_server_openai_client_gets_bad_request_error(server, prompts):
         messages=[{"role": "user", "content": prompts[8]}],
         extra_body={"vllm_xargs": rl_xargs(duet=True)}))
     assert chunks and chunks[-1].choices[0].finish_reason is not None
+
+
+def test_server_ends_a_step_over_http(server, prompts):
+    """``POST /vllm_rl/end_step``: a trainer that drives the server over HTTP ends its
+    step; the sample in flight comes back ``carried`` with every token so far, and once
+    nothing runs ``/metrics`` says so (the step's stats taken after the early end: no KV
+    in use, nothing running).  A step that is not an int >= 0 is a 400 naming
+    ``partial.step``; a step the engine does not hold answers 0 live."""
+    from server_fixture import metrics, wait_until
+    from vllm_rl.metrics import total
+
+    for bad in (1.5, True, "3", -1, None):
+        status, resp = _call(server, "/vllm_rl/end_step", {"step": bad})
+        assert status == 400 and "'partial.step'" in resp["error"]["message"], (bad, resp)
+    assert _call(server, "/vllm_rl/end_step", {})[0] == 400
+    assert _call(server, "/vllm_rl/end_step", {"step": 90_001}) == (
+        200, {"step": 90_001, "live": 0})
+    flight = Flight(server, _body(prompts[9], max_tokens=400, ignore_eos=True,
+                                  return_token_ids=True,
+                                  vllm_xargs=rl_xargs(partial={"step": 90_002})))
+    flight.wait_started()
+    assert _call(server, "/vllm_rl/end_step", {"step": 90_002}) == (
+        200, {"step": 90_002, "live": 1})
+    status, resp, _ = flight.result()
+    assert status == 200, resp
+    (choice,) = resp["choices"]
+    info = RolloutInfo.from_json(choice["rollout_info"])
+    assert info.reason is Reason.CARRIED and info.step == 90_002
+    assert 0 < info.length == len(choice["token_ids"]) < 400
+
+    def freed():
+        m = metrics(server)
+        return (total(m, "vllm:num_requests_running") == 0
+                and total(m, "vllm:kv_cache_usage_perc") == 0.0)
+
+    wait_until(freed, "the carried sample's KV shown free on /metrics")

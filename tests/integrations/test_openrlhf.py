@@ -519,10 +519,26 @@ if __name__ == "__main__":
         return experiences_of(groups, kwargs)
 
     gen._rl_experiences = spy
-    steps = []
+    steps, failed = [], {}
     for step in range(2):
         if step == 1:
             gen.rl_partial = PartialConfig(over=1.0)     # step 2 awaits every group
+            # a step that fails once its responses are back (the experience maker
+            # raising): the carried samples went to the actor and came back, and the
+            # buffer is as it was, so the next step sends them all again
+            before = json.dumps(gen.state_dict()["buffer"])
+
+            def broken(groups, kwargs):
+                raise RuntimeError("the experience maker failed")
+
+            gen._rl_experiences = broken
+            try:
+                gen._generate_vllm(iter([(None, [], [], [])]), 0, False, max_new_tokens=96,
+                                   max_len=512, min_new_tokens=40, temperature=1.0)
+            except RuntimeError as e:
+                failed = {"error": str(e),
+                          "buffer_same": json.dumps(gen.state_dict()["buffer"]) == before}
+            gen._rl_experiences = spy
         # min_new_tokens: the plain samples run at least 40 tokens, the gated ones end
         # at 8 whatever it says, so the plain ones are generating when the step ends
         exps, _, consumed, _ = gen.generate_samples(max_new_tokens=96, max_len=512,
@@ -536,7 +552,8 @@ if __name__ == "__main__":
                                       for e in exps],
                       "buffer": state["buffer"]["groups"]})
     print("RESULT " + json.dumps({
-        "hooks": hooks, "stock": stock, "steps": steps,
+        "hooks": hooks, "stock": stock, "steps": steps, "failed": failed,
+        "retry_step": gen.rl_step,
         "unfinished": ray.get(engine.get_num_unfinished_requests.remote())}))
     ray.shutdown()
 '''
@@ -598,11 +615,14 @@ def test_partial_rollouts_through_a_real_ray_actor(ray_run):
     """Partial rollouts on the same actor: :class:`RLSamplesGenerator` runs OpenRLHF's
     ``generate_samples`` twice.  Step 1: the two DUET-gated groups end within a few
     tokens, the generator ends the step on the actor, the other two come back carried
-    and stay in the buffer (plain JSON).  Step 2 (every group awaited): the carried
+    and stay in the buffer (plain JSON).  Then a step fails once its responses are back:
+    the buffer is as it was (all or nothing).  Step 3 (every group awaited): the carried
     samples continue through OpenRLHF's executor and their groups train whole (DARTS's
     shortest-M across the two steps), each continued sample's record covering the whole
     sample, its first tokens and logprobs step 1's."""
     one, two = ray_run["steps"]
+    retry = ray_run["retry_step"]                 # step 2 ran after a step that failed
+    assert ray_run["failed"] == {"error": "the experience maker failed", "buffer_same": True}
     carried = [p for g in one["buffer"] for p in g["carried"]]
     assert carried, "the plain groups were still generating: carried"
     assert all(p["info"]["reason"] == "carried" and p["info"]["step"] == 1 for p in carried)
@@ -621,7 +641,7 @@ def test_partial_rollouts_through_a_real_ray_actor(ray_run):
                  and p["info"].get("prior_tokens") == len(part["token_ids"])]
         assert match, "a continued sample starts with its carried tokens"
         info = match[0]["info"]
-        assert info["step"] == 2 and info["steps_crossed"] == 1
+        assert info["step"] == retry == 3 and info["steps_crossed"] == retry - 1
         assert info["length"] == len(match[0]["tokens"])
         assert match[0]["logprobs"][:len(part["logprobs"])] == pytest.approx(part["logprobs"])
     continued = [p for p in trained if p["info"].get("start_step") == 1]

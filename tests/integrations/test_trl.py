@@ -37,9 +37,10 @@ def _greedy(llm, prompts):
     return [o.outputs[0].text for o in outs]
 
 
-def _grpo_trainer(cls, rollout, prompts, tag, steps, batch, max_tokens, m):
-    """A TRL GRPO trainer of class ``cls`` on the embedded model, CPU, no saving, the task
-    reward masked for samples outside the loss, rollouts from ``rollout``."""
+def _grpo_trainer(cls, rollout, prompts, tag, steps, batch, max_tokens, m, **config):
+    """A TRL GRPO trainer of class ``cls`` on the embedded model, CPU, no saving (unless
+    ``config`` says otherwise), the task reward masked for samples outside the loss,
+    rollouts from ``rollout``."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
@@ -50,11 +51,12 @@ def _grpo_trainer(cls, rollout, prompts, tag, steps, batch, max_tokens, m):
     def task_reward(prompts, completions, **_):
         return [reward(p, c) for p, c in zip(prompts, completions)]
 
-    config = GRPOConfig(output_dir=f"/tmp/vllm-rl-trl-{tag}", max_steps=steps,
-                        per_device_train_batch_size=batch, num_generations=m,
-                        learning_rate=1e-4, beta=0.0, max_completion_length=max_tokens,
-                        report_to=[], save_strategy="no", use_cpu=True, bf16=False,
-                        logging_steps=1, disable_tqdm=True, shuffle_dataset=False)
+    config = GRPOConfig(**{
+        "output_dir": f"/tmp/vllm-rl-trl-{tag}", "max_steps": steps,
+        "per_device_train_batch_size": batch, "num_generations": m, "learning_rate": 1e-4,
+        "beta": 0.0, "max_completion_length": max_tokens, "report_to": [],
+        "save_strategy": "no", "use_cpu": True, "bf16": False, "logging_steps": 1,
+        "disable_tqdm": True, "shuffle_dataset": False, **config})
     return cls(model=AutoModelForCausalLM.from_pretrained(MODEL_PATH),
                reward_funcs=[masked_reward(task_reward)], args=config,
                train_dataset=Dataset.from_dict({"prompt": prompts}),
@@ -413,3 +415,61 @@ def test_partial_rollouts_carry_the_tail_across_trl_steps(das_llm):
         gone.prepare([p for p in train_prompts(16)[:1] for _ in range(m)], trainer)
         stale = [i for g in gone.last.infos for i in g if i.reason is Reason.STALE]
         assert len(stale) == carried and all(i.weight == 0.0 for i in stale)
+
+
+def test_partial_rollouts_resume_from_trls_checkpoint(das_llm, tmp_path):
+    """A run stopped with samples in the carry buffer and resumed from TRL's own
+    checkpoint (``RLGRPOTrainer`` keeps the buffer beside it, ``vllm_rl_carry.json``):
+    every group carried at the checkpoint trains in the resumed run (none lost), and no
+    group trained before the checkpoint trains again."""
+    import json
+
+    from vllm_rl.integrations.common.partial import CHECKPOINT_FILE, PartialConfig
+    from vllm_rl.integrations.trl.rollout import RolloutFunc
+    from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
+    from vllm_rl.task import train_prompts
+
+    m, trained = 4, []
+
+    class Logged(RolloutFunc):
+        def __call__(self, prompts, trainer):
+            result = super().__call__(prompts, trainer)
+            trained.append((self.tag, trainer.state.global_step,
+                            [g[0].group_id for g in self.last.infos],
+                            [i for g in self.last.infos for i in g]))
+            return result
+
+    def run(rollout, tag, steps, **config):
+        rollout.tag = tag
+        trainer = _grpo_trainer(RLGRPOTrainer, rollout, train_prompts(16), f"resume-{tag}",
+                                steps=steps, batch=4 * m, max_tokens=96, m=m,
+                                output_dir=str(tmp_path), save_strategy="steps",
+                                save_steps=1)
+        trainer.train(**config)
+        return trainer
+
+    try:
+        first = Logged(das_llm, {}, max_tokens=96, seed=5, partial=PartialConfig(over=2.0))
+        run(first, "first", 3)
+        # the last checkpoint with carried groups (a step whose groups all end at
+        # max_tokens in one engine step carries none)
+        saved = {c: json.loads((tmp_path / f"checkpoint-{c}" / CHECKPOINT_FILE).read_text())
+                 for c in (1, 2, 3)}
+        at = max((c for c in saved if saved[c]["groups"]), default=None)
+        assert at is not None, "no step carried anything: no buffer to resume"
+        resumed = Logged(das_llm, {}, max_tokens=96, seed=6, partial=PartialConfig(over=1.0))
+        run(resumed, "resumed", at + 1, resume_from_checkpoint=str(tmp_path / f"checkpoint-{at}"))
+    finally:
+        das_llm.load_weights(_initial_state())
+    carried = {g["group_id"] for g in saved[at]["groups"]}
+    before = {gid for tag, step, gids, _ in trained if tag == "first" and step < at
+              for gid in gids}
+    after = [(gids, infos) for tag, _, gids, infos in trained if tag == "resumed"]
+    assert len(after) == 1, "the resumed run runs the step after its checkpoint only"
+    (gids, infos) = after[0]
+    assert carried <= set(gids), "every carried group trains after the resume"
+    assert not before & set(gids), "no group trains twice"
+    assert len(gids) == len(set(gids)) and len(resumed.buffer) == 0
+    for info in infos:
+        if info.group_id in carried:
+            assert info.start_step < at and info.reason is not Reason.CARRIED

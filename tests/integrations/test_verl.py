@@ -838,6 +838,53 @@ def test_partial_rollouts_buffer_rides_in_verls_checkpoint(tmp_path, monkeypatch
     assert tis.partial.cfg.loss == "tis"
 
 
+def test_partial_rollouts_on_verl_are_all_or_nothing():
+    """verl's carry path takes copies of the carried groups at launch and changes the
+    buffer once, when the step's samples are read (``split``): a step that fails between
+    (a replica down, the agent loop raising) leaves every carried sample in the buffer,
+    and the next launch sends each of them again; the split then trains the group whole
+    and leaves nothing behind.  A bad step is refused before any replica sees it."""
+    import json
+
+    from vllm_rl.flags import FlagError
+    from vllm_rl.integrations.common.partial import CarriedGroup, Part, PartialConfig
+    from vllm_rl.integrations.verl.partial import (CARRY_KEY, PartialRollouts,
+                                                   StoredSample, batch_of)
+    from vllm_rl.integrations.verl.trainer import RLTrainerSync
+
+    partial = PartialRollouts(PartialConfig(over=2.0), n=2, max_tokens=16)
+    ended = Part([4], [-0.5], RolloutInfo(reason=Reason.EOS, length=1, group_id="u-1",
+                                          step=1, start_step=1))
+    carried = Part([5, 6, 7], [-0.5, -0.25, -1.0],
+                   RolloutInfo(reason=Reason.CARRIED, length=3, group_id="u-1", step=1,
+                               start_step=1, weight=0.0))
+    partial.buffer.groups.append(CarriedGroup(
+        "u-1", [1, 2], {"group": {"id": "u-1", "size": 2}}, "u-1", 2, 2, 1,
+        ended=[ended], carried=[carried], row={"uid": "u-1", "index": 7}))
+    before = json.dumps(partial.state_dict())
+    fresh = batch_of([{"uid": "u-2", "index": 8}], 2)
+    for step in (2, 3):        # step 2 fails after its launch; step 3 sends it all again
+        batch = partial.launch(step, fresh)
+        assert json.dumps(partial.state_dict()) == before, "changed before the split"
+        (raw,) = [r for r in batch[CARRY_KEY] if r]
+        members = json.loads(raw)["members"]
+        assert [m["part"]["token_ids"] for m in members] == [[4], [5, 6, 7]]
+        assert members[1]["flags"]["partial"]["prior_tokens"] == 3
+    whole = RolloutInfo(reason=Reason.EOS, length=5, group_id="u-1", step=3, start_step=1,
+                        steps_crossed=2, prior_tokens=3)
+    new = RolloutInfo(reason=Reason.EOS, length=2, group_id="u-2", step=3, start_step=3)
+    stay = partial.split([
+        StoredSample("k1", "u-1", [1, 2], [4], [-0.5], ended.info, None),
+        StoredSample("k2", "u-1", [1, 2], [5, 6, 7, 8, 9], [-0.5] * 5, whole, None),
+        StoredSample("k3", "u-2", [3], [8, 9], [-0.1, -0.2], new, None),
+        StoredSample("k4", "u-2", [3], [8, 9], [-0.1, -0.2], new, None)])
+    assert stay == [True] * 4 and len(partial.buffer) == 0
+    trainer = RLTrainerSync.__new__(RLTrainerSync)
+    for bad in (1.5, True, "3", None):
+        with pytest.raises(FlagError, match="partial.step"):
+            trainer._end_step(bad)
+
+
 def test_arrol_feedback_trains_calibrates_and_pushes(verl_cluster, rollout_batch):
     """ARRoL's trainer side on real records and the task's verifier: the records name
     their hidden states at l_detect (hidden_id), taken from the server actor

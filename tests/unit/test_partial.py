@@ -8,12 +8,14 @@ import pytest
 
 from vllm_rl.engine.groups import GroupRegistry, Member
 from vllm_rl.engine.steps import StepBook, stale
-from vllm_rl.flags import FlagError, read, rl_params
+from vllm_rl.end_step import end_step
+from vllm_rl.flags import FlagError, read, read_step, rl_params
 from vllm_rl.integrations.common.marks import training_marks
-from vllm_rl.integrations.common.partial import (CarriedGroup, CarryBuffer, Part,
-                                                 PartialConfig, continuation, merge,
-                                                 staleness, tis_weights)
-from vllm_rl.outcome import Reason, RolloutInfo
+from vllm_rl.integrations.common.partial import (CHECKPOINT_FILE, CarriedGroup,
+                                                 CarryBuffer, Part, PartialConfig,
+                                                 continuation, merge, staleness,
+                                                 tis_weights)
+from vllm_rl.outcome import Reason, RolloutInfo, token_spans
 
 
 def _flags(**partial):
@@ -137,7 +139,10 @@ def test_buffer_drops_past_the_cap_and_gone_prompts_with_a_record():
         buf.groups.append(g)
     state = json.loads(json.dumps(buf.state_dict()))   # a checkpoint is plain JSON
     go, done = buf.take(3, max_staleness=1, keep=lambda g: g.prompt != "c")
-    assert [g.prompt for g in go] == ["b"] and len(buf) == 0
+    assert [g.prompt for g in go] == ["b"]
+    assert buf.state_dict() == state, "the buffer changes only when the step commits"
+    buf.commit([])
+    assert len(buf) == 0
     assert sorted(g.prompt for g in done) == ["a", "c"]
     for g in done:
         (part,) = g.ended
@@ -182,3 +187,138 @@ def test_rule_and_diagnostics():
     assert d["carried_share"] == 0.5 and d["staleness_max"] == 1.0
     assert d["stale_token_share"] == pytest.approx(4 / 20)
     assert tis_weights([-1.0, -1.0], [-1.0, -3.0], 2.0) == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("spans, length, cut", [
+    ([[0, 0]], 5, [[0, 0]]),
+    ([[0, 0], [1, 5]], 5, [[0, 0]]),                 # a sync after the last token
+    ([[0, 0], [1, 5]], 7, [[0, 0], [1, 5]]),
+    ([[0, 0], [1, 3], [2, 3]], 7, [[0, 0], [2, 3]]),  # two syncs with no token between
+    ([[0, 0], [1, 3], [2, 3]], 3, [[0, 0]]),
+    ([[0, 0], [1, 0]], 4, [[1, 0]]),                 # version 0 made no token
+    ([[0, 0], [0, 5]], 9, [[0, 0]]),                 # the same weights on both sides
+    ([[0, 0], [1, 2], [1, 5], [2, 9]], 9, [[0, 0], [1, 2]]),
+    ([[3, 0]], 0, [[3, 0]]),                          # no token: the first span stays
+])
+def test_spans_keep_only_those_holding_a_token(spans, length, cut):
+    assert token_spans(spans, length) == cut
+    if length:                       # what a continuation of ``length`` tokens takes back
+        read({"vllm_rl": {"partial": {"step": 1, "start_step": 0, "prior_tokens": length,
+                                      "prior_versions": cut}}})
+
+
+def test_a_record_with_an_empty_span_goes_back_as_a_valid_continuation():
+    """A record an older engine wrote with a span after its last token (a continuation
+    queued when its step ended, after a sync) is cut before it is sent again."""
+    g = CarriedGroup("q", [7, 8], {"group": {"size": 2}}, "g", 2, 2, start_step=0)
+    part = Part([1] * 5, [0.0] * 5, _info(Reason.CARRIED, 5, start_step=0, weight_version=0,
+                                          weight_versions=[[0, 0], [1, 5]]))
+    _, flags, _, _ = continuation(g, part, 1, {"step": 1}, 16)
+    assert read({"vllm_rl": flags}).partial.prior_versions == ((0, 0),)
+
+
+@pytest.mark.parametrize("step", [1.5, True, False, "1", None, -1, 2.0])
+def test_a_step_is_read_as_the_flags_read_it(step):
+    with pytest.raises(FlagError) as e:
+        read_step(step)
+    assert e.value.flag == "partial.step"
+    with pytest.raises(FlagError):
+        end_step(object(), step)           # refused before any engine is reached
+
+
+def test_a_good_step_reads_back():
+    assert read_step(0) == 0 and read_step(12) == 12
+
+
+def _buffer(*names: str) -> CarryBuffer:
+    buf = CarryBuffer()
+    for name in names:
+        g = CarriedGroup(name, [1, 2], {"group": {"id": name, "size": 2}}, name, 2, 2,
+                         start_step=0)
+        g.ended = [Part([4], [-0.5], _info(Reason.EOS, 1, start_step=0))]
+        g.carried = [Part([5, 6], [-0.1, -0.2], _info(Reason.CARRIED, 2, start_step=0,
+                                                       weight_version=0), seed=3)]
+        buf.groups.append(g)
+    return buf
+
+
+class _Completion:
+    """What vLLM's ``CompletionOutput`` gives ``part_of``."""
+
+    def __init__(self, ids, info, index=0):
+        self.token_ids, self.logprobs, self.rollout_info = ids, None, info
+        self.index, self.text = index, None
+
+
+class _Output:
+    def __init__(self, prompt_ids, completions):
+        self.prompt_token_ids, self.outputs = prompt_ids, completions
+
+
+def test_launch_is_all_or_nothing():
+    """A launch that cannot be built raises naming the cause, and the buffer, its groups
+    and their samples are as they were; a step that fails after the launch (its
+    generate) leaves them too, and the next launch takes them all again."""
+    from vllm import SamplingParams
+
+    buf = _buffer("a", "b")
+    before = json.loads(json.dumps(buf.state_dict()))
+    cfg = PartialConfig(over=2.0)
+    good = SamplingParams(n=2, max_tokens=8, extra_args=rl_params(group={"size": 2}))
+    bad = SamplingParams(n=2, max_tokens=8, extra_args={"vllm_rl": '{"group": {}}'})
+    with pytest.raises(ValueError, match="prompt 1's extra_args"):
+        buf.launch(cfg, 1, ["p", "q"], [good, bad], 8, 1.0)
+    with pytest.raises(ValueError, match="2 prompts, 1 SamplingParams"):
+        buf.launch(cfg, 1, ["p", "q"], [good], 8, 1.0)
+    assert buf.state_dict() == before
+    launched = buf.launch(cfg, 1, ["p"], [good], 8, 1.0)       # then generate fails
+    assert len(launched.prompts) == 3 and buf.state_dict() == before
+    assert "partial" not in good.extra_args["vllm_rl"], "the caller's params are its own"
+    again = buf.launch(cfg, 2, ["p"], [good], 8, 1.0)
+    assert [h[0].prompt for h in again.handles[:2]] == ["a", "b"]
+    with pytest.raises(ValueError, match="2 outputs for 3 requests"):
+        buf.finish(again, [None, None])
+    assert buf.state_dict() == before
+
+
+def test_a_prompt_without_flags_runs_with_the_steps_rule():
+    from vllm import SamplingParams
+
+    buf = CarryBuffer()
+    plain = SamplingParams(n=2, max_tokens=8)
+    launched = buf.launch(PartialConfig(), 4, ["p"], [plain], 8, 1.0)
+    (sp,) = launched.params
+    assert read(sp.extra_args).partial.step == 4 and plain.extra_args is None
+
+
+def test_finish_commits_the_step_once_its_results_are_in():
+    """Carried again, complete, and a group the step's new prompt carried: the buffer
+    holds exactly the groups with a carried sample, each sample once."""
+    from vllm import SamplingParams
+
+    buf = _buffer("a", "b")
+    sp = SamplingParams(n=2, max_tokens=8, extra_args=rl_params(group={"size": 2}))
+    launched = buf.launch(PartialConfig(over=2.0), 1, [{"prompt_token_ids": [9]}], [sp], 8, 1.0)
+    whole = _info(Reason.EOS, 4, start_step=0, step=1, prior_tokens=2)
+    again = _info(Reason.CARRIED, 3, start_step=0, step=1, prior_tokens=2)
+    new = [_Completion([3], RolloutInfo(Reason.EOS, 1, group_id="n", step=1)),
+           _Completion([3, 4], RolloutInfo(Reason.CARRIED, 2, group_id="n", step=1), 1)]
+    outs = [_Output([1, 2, 5, 6], [_Completion([7, 8], whole)]),
+            _Output([1, 2, 5, 6], [_Completion([7], again)]),
+            _Output([9], new)]
+    complete = buf.finish(launched, outs)
+    assert [g.prompt for g in complete] == ["a"]
+    assert [p.token_ids for p in complete[0].ended] == [[4], [5, 6, 7, 8]]
+    assert [g.prompt for g in buf.groups] == ["b", {"prompt_token_ids": [9]}]
+    assert [p.token_ids for p in buf.groups[0].carried] == [[5, 6, 7]]
+    assert buf.samples() == 2
+
+
+def test_the_buffer_rides_in_a_checkpoint_folder(tmp_path):
+    buf = _buffer("a")
+    assert not CarryBuffer().load(str(tmp_path / "none"))
+    path = buf.save(str(tmp_path / "checkpoint-3"))
+    assert path.endswith(CHECKPOINT_FILE)
+    back = CarryBuffer()
+    assert back.load(str(tmp_path / "checkpoint-3"))
+    assert back.state_dict() == buf.state_dict()

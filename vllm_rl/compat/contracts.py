@@ -206,7 +206,9 @@ def _need_fields(src: SourceTree, module: str, cls: str, wanted: tuple[str, ...]
 
 def scheduler_types(src: SourceTree) -> str:
     """The fields and methods the mixin and the trace read or build: ``Request``,
-    ``RequestStatus``, ``EngineCoreOutput(s)``, ``ModelRunnerOutput``, ``SchedulerOutput``."""
+    ``RequestStatus``, ``EngineCoreOutput(s)`` (its ``scheduler_stats``, which an early
+    end refreshes with ``get_request_counts`` and ``get_kv_cache_usage``),
+    ``ModelRunnerOutput``, ``SchedulerOutput``."""
     _need_fields(src, "vllm.v1.request", "Request", (
         "request_id", "sampling_params", "status", "stop_reason", "client_index",
         "trace_headers", "num_output_tokens", "output_token_ids", "prompt_token_ids",
@@ -222,6 +224,12 @@ def scheduler_types(src: SourceTree) -> str:
     if not outputs or outputs[0].value is None:
         raise PatchMismatch(f"EngineCoreOutputs() no longer starts with an empty outputs "
                             f"list {_where(src)}")
+    _need_fields(src, "vllm.v1.engine", "EngineCoreOutputs", ("scheduler_stats",))
+    _need_fields(src, "vllm.v1.metrics.stats", "SchedulerStats", (
+        "kv_cache_usage", "num_running_reqs", "num_waiting_reqs", "num_skipped_waiting_reqs"))
+    for name in ("get_request_counts", "get_kv_cache_usage"):
+        _need_params(src, _method(src, SCHED, "Scheduler", name), f"Scheduler.{name}",
+                     ("self",))
     _need_fields(src, "vllm.v1.outputs", "ModelRunnerOutput",
                  ("sampled_token_ids", "req_id_to_index"))
     _need_fields(src, "vllm.v1.core.sched.output", "SchedulerOutput",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from vllm_rl.arrol import engine as arrol
 from vllm_rl.das import engine as das
 from vllm_rl.duet.engine import DuetEngine
-from vllm_rl.outcome import Reason, RolloutInfo
+from vllm_rl.outcome import Reason, RolloutInfo, token_spans
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -42,7 +42,8 @@ def weight(member: "Member", reason: Reason) -> float:
 def write(request: "Request", member: "Member", reason: Reason) -> None:
     """Write ``member``'s record into ``request.stop_reason`` (vLLM's own stop string or
     token, if it ended on one, is kept in ``stop``)."""
-    fields = version_fields(member)
+    length = member.length(request.num_output_tokens)
+    fields = version_fields(member, length)
     if member.das is not None:
         fields.update(das.fields(member.das))
     if member.arrol is not None:
@@ -53,7 +54,7 @@ def write(request: "Request", member: "Member", reason: Reason) -> None:
         fields.update(partial_fields(member))
     group = member.group
     request.stop_reason = RolloutInfo.carrier(
-        reason=reason, length=member.length(request.num_output_tokens),
+        reason=reason, length=length,
         weight=weight(member, reason),
         group_id=group.flags.id if group is not None else None,
         finish_rank=member.finish_rank,
@@ -61,20 +62,21 @@ def write(request: "Request", member: "Member", reason: Reason) -> None:
         **fields)
 
 
-def version_fields(member: "Member") -> dict:
+def version_fields(member: "Member", length: int) -> dict:
     """The weight version of the sample's first token; where it ran across weight syncs,
     each version and the output-token index where it began.  A continuation's spans
     cover the whole sample: the earlier steps' (``partial.prior_versions``), then this
-    part's from token ``prior`` on."""
+    part's from token ``prior`` on.  Only spans that hold a token of the ``length``
+    are kept (:func:`vllm_rl.outcome.token_spans`), so a record sent back as a
+    continuation's ``prior_versions`` is always valid: a sync after the last token (a
+    continuation still queued when its step ended, a sample carried right after a sync)
+    leaves no empty span."""
     spans = [[member.weight_version, 0]] + [[v, i] for v, i in member.version_starts]
     partial = member.flags.partial
     if member.prior and partial is not None:
-        spans = [[v, i + member.prior] for v, i in spans]
         prior = [list(pair) for pair in partial.prior_versions or ()]
-        if prior and prior[-1][0] == spans[0][0]:
-            spans = prior + spans[1:]            # the same version on both sides
-        else:
-            spans = prior + spans
+        spans = prior + [[v, i + member.prior] for v, i in spans]
+    spans = token_spans(spans, length)
     if len(spans) == 1:
         return {"weight_version": spans[0][0]}
     return {"weight_version": spans[0][0], "weight_versions": spans}

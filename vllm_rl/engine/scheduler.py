@@ -64,7 +64,7 @@ from vllm_rl.engine import records
 from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
 from vllm_rl.engine.steps import StepBook, stale
 from vllm_rl.engine.trace import TraceMixin
-from vllm_rl.flags import KEY, FlagReads
+from vllm_rl.flags import KEY, FlagReads, read_step
 from vllm_rl import step_output
 from vllm_rl.outcome import Reason
 
@@ -352,8 +352,10 @@ class RLSchedulerMixin(TraceMixin):
 
     def rl_end_step(self, step: int) -> int:
         """End trainer step ``step`` now (:meth:`vllm_rl.engine.steps.StepBook.end`; the
-        ``vllm_rl_end_step`` utility): its live samples are carried at the next update."""
-        return self.rl_steps.end(int(step))
+        ``vllm_rl_end_step`` utility): its live samples are carried at the next update.
+        The step is read as ``partial.step`` is (:func:`vllm_rl.flags.read_step`; the
+        clients check it first, :mod:`vllm_rl.end_step`), never coerced."""
+        return self.rl_steps.end(read_step(step))
 
     # ------------------------------------------------------------------ weight syncs
     def reset_prefix_cache(self, reset_running_requests: bool = False,
@@ -472,7 +474,8 @@ class RLSchedulerMixin(TraceMixin):
 
     def _finish_now(self, request_ids: list[str], outputs: dict[int, EngineCoreOutputs]) -> None:
         """End these requests now (records already written): free their blocks through
-        vLLM's ``finish_requests`` and emit their final output."""
+        vLLM's ``finish_requests`` and emit their final output; the step's stats, which
+        vLLM built before these ends, say what is left (:meth:`_restat`)."""
         for request in self.finish_requests(request_ids, EARLY_END_STATUS):
             eco = outputs.get(request.client_index)
             if eco is None:
@@ -485,6 +488,22 @@ class RLSchedulerMixin(TraceMixin):
                 events=request.take_events(),
                 trace_headers=request.trace_headers,
             ))
+        self._restat(outputs)
+
+    def _restat(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        """vLLM builds a step's ``SchedulerStats`` at the end of its update, before the
+        rules end samples early; the early ends free blocks and requests after it.
+        The KV-cache usage and the request counts are taken again here (vLLM's own
+        ``get_kv_cache_usage`` and ``get_request_counts``), so ``vllm:kv_cache_usage_perc``
+        and ``vllm:num_requests_running`` / ``waiting`` say what the ends left, even when
+        no further step runs.  Only in a step that ended a sample early."""
+        for eco in outputs.values():
+            stats = eco.scheduler_stats
+            if stats is not None:
+                running, waiting = self.get_request_counts()
+                stats.kv_cache_usage = self.get_kv_cache_usage()
+                stats.num_running_reqs = running
+                stats.num_waiting_reqs = max(0, waiting - stats.num_skipped_waiting_reqs)
 
 
 def _tail(member: Member) -> bool:

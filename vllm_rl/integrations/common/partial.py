@@ -12,7 +12,9 @@ recomputes on its current weights, the record's weight-version spans and the gro
 members that already ended), and joins each continuation to what came before
 (:func:`merge`), so the group a trainer gets covers every sample whole.
 :meth:`CarryBuffer.launch` builds a step's requests and :meth:`CarryBuffer.finish` takes
-the engine's outputs back: the complete groups, the rest kept.
+the engine's outputs back: the complete groups, the rest kept.  All or nothing: a step
+works on copies of the groups it takes, and the buffer changes once, when the step's
+results are in (:meth:`CarryBuffer.commit`), so an error between loses no sample.
 
 :class:`PartialConfig` is the drop-in's setting: the rule (``over``: the step ends once
 ``ceil(launched / over)`` of its groups are complete, APRIL's N = N'/over; or a share
@@ -20,9 +22,11 @@ of the step's token budget; or a time), the staleness cap, and the loss's treatm
 tokens from older weights (``loss``: ``"as_is"``, APRIL's, or ``"tis"``: truncated
 importance sampling with each token's rollout logprob, :func:`tis_weights`).
 
-A restart: :meth:`CarryBuffer.state_dict` / :meth:`~CarryBuffer.load_state_dict` keep
-the buffer in a checkpoint (plain JSON types); a buffer not restored is dropped with a
-record per sample (:meth:`CarryBuffer.drop_all`), never silently.
+A restart: :meth:`CarryBuffer.state_dict` / :meth:`~CarryBuffer.load_state_dict` (or
+:meth:`~CarryBuffer.save` / :meth:`~CarryBuffer.load` in a checkpoint folder,
+``CHECKPOINT_FILE``) keep the buffer in a checkpoint (plain JSON types); a buffer not
+restored is dropped with a record per sample (:meth:`CarryBuffer.drop_all`), never
+silently.  Ending a step from the trainer's side is :mod:`vllm_rl.end_step`'s.
 """
 from __future__ import annotations
 
@@ -32,9 +36,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
-from vllm_rl.outcome import Reason, RolloutInfo
+from vllm_rl.end_step import end_step, end_step_async
+from vllm_rl.outcome import Reason, RolloutInfo, token_spans
 
 LOSSES = ("as_is", "tis")
+CHECKPOINT_FILE = "vllm_rl_carry.json"   # the carry buffer in a trainer's checkpoint folder
 
 # Record fields summed over a sample's parts (DAS's counts); ARRoL's are the part's that
 # reached l_detect (a continuation is never scored again).
@@ -143,6 +149,22 @@ class Part:
                    d.get("seed"), d.get("text"), d.get("extra"))
 
 
+# What a continuation keeps of its sample's SamplingParams: the settings that shape the
+# distribution its tokens are drawn from and how it ends (vLLM's own field names).
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+            "frequency_penalty", "repetition_penalty", "ignore_eos", "stop", "stop_token_ids",
+            "include_stop_str_in_output", "skip_special_tokens", "min_tokens", "logprobs")
+
+
+def sampling_of(sp: Any) -> dict[str, Any]:
+    """``sp``'s :data:`SAMPLING` settings, as plain JSON types."""
+    out = {}
+    for name in SAMPLING:
+        value = getattr(sp, name, None)
+        out[name] = list(value) if isinstance(value, (tuple, set)) else value
+    return out
+
+
 @dataclass
 class CarriedGroup:
     """A group some of whose samples were carried: what it needs to go on."""
@@ -157,6 +179,7 @@ class CarriedGroup:
     ended: list[Part] = field(default_factory=list)      # ended (or dropped), in order
     carried: list[Part] = field(default_factory=list)
     row: Any = None                  # the trainer's input row (JSON-able), if it keeps one
+    sampling: dict | None = None     # its requests' SAMPLING settings (None: temperature only)
 
     def add(self, part: Part) -> None:
         """``part`` among the carried samples if its step ended first, else the ended."""
@@ -166,7 +189,7 @@ class CarriedGroup:
     def to_json(self) -> dict:
         return {"prompt": self.prompt, "prompt_ids": self.prompt_ids, "flags": self.flags,
                 "group_id": self.group_id, "size": self.size, "redundant": self.redundant,
-                "start_step": self.start_step, "row": self.row,
+                "start_step": self.start_step, "row": self.row, "sampling": self.sampling,
                 "ended": [p.to_json() for p in self.ended],
                 "carried": [p.to_json() for p in self.carried]}
 
@@ -174,7 +197,7 @@ class CarriedGroup:
     def from_json(cls, d: dict) -> "CarriedGroup":
         return cls(d["prompt"], list(d["prompt_ids"]), d["flags"], d["group_id"], d["size"],
                    d["redundant"], d["start_step"], [Part.from_json(p) for p in d["ended"]],
-                   [Part.from_json(p) for p in d["carried"]], d.get("row"))
+                   [Part.from_json(p) for p in d["carried"]], d.get("row"), d.get("sampling"))
 
 
 def merge(prior: Part | None, token_ids: Sequence[int], logprobs: Sequence[float],
@@ -196,9 +219,11 @@ def merge(prior: Part | None, token_ids: Sequence[int], logprobs: Sequence[float
 
 def spans(info: RolloutInfo) -> list[list[int]]:
     """A record's weight-version spans, ``[[v, first token], ...]`` (one span if it never
-    crossed a sync)."""
+    crossed a sync), each holding a token of the sample
+    (:func:`~vllm_rl.outcome.token_spans`: the engine writes them so; a record kept by
+    an older engine is cut here), so they go back as ``partial.prior_versions``."""
     if info.weight_versions:
-        return [list(s) for s in info.weight_versions]
+        return token_spans(info.weight_versions, info.length)
     return [[info.weight_version or 0, 0]]
 
 
@@ -234,10 +259,18 @@ def stale_part(part: Part, step: int) -> Part:
 
 
 class CarryBuffer:
-    """The groups carried into the next step, oldest first."""
+    """The groups carried into the next step, oldest first.
+
+    All or nothing: a step works on copies of the groups it takes (:meth:`take`,
+    :meth:`launch`), and the buffer changes only when the step's results are in
+    (:meth:`commit`, which :meth:`finish` calls).  An error anywhere between (a bad
+    request, a failed generate, a trainer that stops) leaves the buffer as it was, so the
+    next step, or a checkpoint (:meth:`state_dict`), still holds every carried sample.
+    """
 
     def __init__(self) -> None:
         self.groups: list[CarriedGroup] = []
+        self._taken: list[CarriedGroup] = []     # the groups the step in flight took
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -248,39 +281,64 @@ class CarryBuffer:
     def take(self, step: int, max_staleness: int | None,
              keep: Callable[[CarriedGroup], bool] | None = None
              ) -> tuple[list[CarriedGroup], list[CarriedGroup]]:
-        """The buffer emptied for ``step``: the groups to continue, and those that end
-        now because none of their samples may go on (each carried sample past
-        ``max_staleness``, or its prompt no longer ``keep``-ed: dropped with a
-        ``stale`` record into the group's ended members)."""
+        """Copies of the buffer's groups for ``step``: the groups to continue, and those
+        that end now because none of their samples may go on (each carried sample past
+        ``max_staleness``, or its prompt no longer ``keep``-ed: dropped with a ``stale``
+        record into the group's ended members).  The buffer keeps the groups until
+        :meth:`commit`; taking again before it takes them afresh."""
         go, done = [], []
-        for g in self.groups:
+        for original in self.groups:
+            g = replace(original, ended=list(original.ended), carried=[])
             drop_all = keep is not None and not keep(g)
-            still = []
-            for part in g.carried:
+            for part in original.carried:
                 start = part.info.start_step if part.info.start_step is not None \
                     else g.start_step
                 if drop_all or (max_staleness is not None and step - start > max_staleness):
                     g.ended.append(stale_part(part, step))
                 else:
-                    still.append(part)
-            g.carried = still
-            (go if still else done).append(g)
-        self.groups = []
+                    g.carried.append(part)
+            (go if g.carried else done).append(g)
+        self._taken = list(self.groups)
         return go, done
+
+    def commit(self, carried: Iterable[CarriedGroup]) -> None:
+        """The step's results are in: the groups it took leave the buffer, and
+        ``carried`` (its groups with a sample carried again, or carried first) join it,
+        after any group the buffer took in meanwhile."""
+        taken = {id(g) for g in self._taken}
+        self.groups = [g for g in self.groups if id(g) not in taken] + list(carried)
+        self._taken = []
 
     def launch(self, cfg: PartialConfig, step: int, prompts: Sequence[Any],
                params: Sequence[Any], max_tokens: int, temperature: float,
                rows: Sequence[Any] | None = None,
                keep: Callable[[CarriedGroup], bool] | None = None) -> PartialStep:
         """Step ``step``'s requests: the buffer's carried samples as continuations
-        (:func:`continuation`), then ``prompts`` with their ``params`` (each a group, its
-        ``vllm_rl`` flags in ``extra_args``), every one with the step's rule
-        (:meth:`PartialConfig.rule` over the groups launched).  ``rows``: the trainer's
-        input row of each prompt, kept with its group."""
+        (:func:`continuation`: each with its sample's own sampling settings, ``temperature``
+        alone for a group kept without them), then ``prompts`` with their ``params``
+        (each a group),
+        every one with the step's rule (:meth:`PartialConfig.rule` over the groups
+        launched) in a copy of its ``SamplingParams`` (the caller's stay as they are; a
+        prompt without ``vllm_rl`` flags gets the rule alone).  ``rows``: the trainer's
+        input row of each prompt, kept with its group.  The buffer is unchanged until
+        :meth:`finish`; a bad argument raises before anything is built."""
         from vllm import SamplingParams
 
         from vllm_rl.flags import rl_params
 
+        if len(params) != len(prompts) or (rows is not None and len(rows) != len(prompts)):
+            raise ValueError(f"CarryBuffer.launch: {len(prompts)} prompts, {len(params)} "
+                             f"SamplingParams" + ("" if rows is None else f", {len(rows)} rows")
+                             + ": one each; the carry buffer is unchanged")
+        own = []
+        for i, sp in enumerate(params):
+            flags = (sp.extra_args or {}).get("vllm_rl")
+            if flags is not None and not isinstance(flags, dict):
+                raise ValueError(
+                    f"CarryBuffer.launch: prompt {i}'s extra_args['vllm_rl'] is a "
+                    f"{type(flags).__name__}; partial rollouts need the nested form "
+                    "(vllm_rl.rl_params(...)); the carry buffer is unchanged")
+            own.append(dict(flags or {}))
         going, done = self.take(step, cfg.max_staleness, keep)
         samples = sum(len(g.carried) for g in going) + sum(sp.n for sp in params)
         rule = cfg.rule(step, len(going) + len(prompts), samples, max_tokens)
@@ -288,14 +346,17 @@ class CarryBuffer:
         for g in going:
             for part in g.carried:
                 ids, flags, left, seed = continuation(g, part, step, rule, max_tokens)
+                kept = dict(g.sampling or {"temperature": temperature})
+                kept["logprobs"] = kept.get("logprobs") or 0
+                kept["min_tokens"] = max(0, (kept.get("min_tokens") or 0) - len(part.token_ids))
                 out.prompts.append({"prompt_token_ids": ids})
-                out.params.append(SamplingParams(
-                    n=1, temperature=temperature, max_tokens=left, logprobs=0, seed=seed,
-                    extra_args=rl_params(**flags)))
+                out.params.append(SamplingParams(n=1, max_tokens=left, seed=seed,
+                                                 extra_args=rl_params(**flags), **kept))
                 out.handles.append((g, part))
             g.carried = []
-        for i, (p, sp) in enumerate(zip(prompts, params)):
-            sp.extra_args["vllm_rl"]["partial"] = dict(rule)
+        for i, (p, sp, flags) in enumerate(zip(prompts, params, own)):
+            sp = sp.clone()
+            sp.extra_args = dict(sp.extra_args or {}, vllm_rl=dict(flags, partial=dict(rule)))
             out.prompts.append(p)
             out.params.append(sp)
             out.handles.append(None if rows is None else rows[i])
@@ -304,8 +365,13 @@ class CarryBuffer:
     def finish(self, launched: PartialStep, outputs: Sequence[Any]) -> list[CarriedGroup]:
         """The engine's outputs of :meth:`launch`'s requests, in order: each sample's
         parts joined, its group kept for the next step while any of its samples was
-        carried; returns the groups complete now (every sample ended: this step's and
-        earlier ones), oldest first."""
+        carried (:meth:`commit`); returns the groups complete now (every sample ended:
+        this step's and earlier ones), oldest first.  Outputs that do not match the
+        requests raise, the buffer unchanged."""
+        if len(outputs) != len(launched.handles):
+            raise ValueError(f"CarryBuffer.finish: {len(outputs)} outputs for "
+                             f"{len(launched.handles)} requests of step {launched.step}; "
+                             "the carry buffer is unchanged")
         new: list[CarriedGroup] = []
         for handle, sp, out, p in zip(launched.handles, launched.params, outputs,
                                       launched.prompts):
@@ -313,6 +379,10 @@ class CarryBuffer:
             launched.tokens += sum(len(c.token_ids) for c in comps)
             if isinstance(handle, tuple):
                 g, prior = handle
+                if len(comps) != 1:
+                    raise ValueError(f"CarryBuffer.finish: a continuation of group "
+                                     f"{g.group_id} came back with {len(comps)} samples; "
+                                     "the carry buffer is unchanged")
                 g.add(part_of(comps[0], prior=prior))
                 continue
             raw = {k: v for k, v in sp.extra_args["vllm_rl"].items() if k != "partial"}
@@ -320,25 +390,58 @@ class CarryBuffer:
             gid = next((p.info.group_id for p in parts if p.info.group_id), None)
             size = (raw.get("group") or {}).get("size") or sp.n
             g = CarriedGroup(p, list(out.prompt_token_ids), raw, gid, size, sp.n,
-                             launched.step, row=handle)
+                             launched.step, row=handle, sampling=sampling_of(sp))
             for part in parts:
                 g.add(part)
             new.append(g)
-        complete = []
+        complete, carried = [], []
         for g in launched.done + launched.continued + new:
-            (self.groups if g.carried else complete).append(g)
+            (carried if g.carried else complete).append(g)
+        self.commit(carried)
         return complete
 
     def drop_all(self, step: int) -> list[CarriedGroup]:
         """Every carried sample dropped with a record (a restart that does not restore
         the buffer); the groups, now complete, returned for the caller to log."""
-        return self.take(step, None, keep=lambda g: False)[1]
+        done = self.take(step, None, keep=lambda g: False)[1]
+        self.commit(())
+        return done
 
     def state_dict(self) -> dict:
+        """The buffer as plain JSON types: every group it holds, a step in flight's
+        taken groups included (that step has not trained them)."""
         return {"groups": [g.to_json() for g in self.groups]}
 
     def load_state_dict(self, state: dict) -> None:
         self.groups = [CarriedGroup.from_json(g) for g in state.get("groups", [])]
+        self._taken = []
+
+    def save(self, folder: str) -> str:
+        """:meth:`state_dict` into a trainer's checkpoint ``folder`` (``CHECKPOINT_FILE``),
+        written whole and then moved into place; its path."""
+        import json
+        import os
+
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, CHECKPOINT_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.state_dict(), f)
+        os.replace(path + ".tmp", path)
+        return path
+
+    def load(self, folder: str) -> bool:
+        """The buffer a checkpoint ``folder`` kept (:meth:`save`), in place of this one;
+        False, the buffer unchanged, where the folder holds none (nothing was carried
+        when it was written, or it comes from a run without partial rollouts)."""
+        import json
+        import os
+
+        path = os.path.join(folder, CHECKPOINT_FILE)
+        if not os.path.exists(path):
+            return False
+        with open(path) as f:
+            self.load_state_dict(json.load(f))
+        return True
 
 
 @dataclass
@@ -387,27 +490,13 @@ def staleness(parts: Iterable[Part]) -> dict[str, float]:
             "stale_token_share": old / max(total, 1)}
 
 
-def end_step(llm: Any, step: int) -> int:
-    """End trainer step ``step`` on a ``vllm.LLM`` of the RL engine now (the engine-core
-    utility ``vllm_rl_end_step``): its samples still generating are carried at the next
-    engine step.  Returns how many were live."""
-    client = llm.llm_engine.engine_core
-    if hasattr(client, "call_utility"):          # the engine core in its own process
-        return client.call_utility("vllm_rl_end_step", step)
-    return client.engine_core.vllm_rl_end_step(step)
-
-
-async def end_step_async(engine: Any, step: int) -> int:
-    """:func:`end_step` on an ``AsyncLLM`` (verl's server, OpenRLHF's actor)."""
-    return await engine.engine_core.call_utility_async("vllm_rl_end_step", step)
-
-
 def tis_weights(current: Sequence[float], rollout: Sequence[float], cap: float) -> list[float]:
     """Truncated importance sampling, per token: ``min(exp(current - rollout), cap)``
     (the current policy's logprob over the one the token was sampled with)."""
     return [min(math.exp(c - r), cap) for c, r in zip(current, rollout)]
 
 
-__all__ = ["CarriedGroup", "CarryBuffer", "LOSSES", "Part", "PartialConfig", "PartialStep",
-           "continuation", "end_step", "end_step_async",
-           "merge", "part_of", "spans", "stale_part", "staleness", "tis_weights"]
+__all__ = ["CHECKPOINT_FILE", "CarriedGroup", "CarryBuffer", "LOSSES", "Part",
+           "PartialConfig", "PartialStep", "SAMPLING", "continuation", "end_step",
+           "end_step_async", "merge", "part_of", "sampling_of", "spans", "stale_part",
+           "staleness", "tis_weights"]

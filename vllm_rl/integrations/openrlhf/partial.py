@@ -18,7 +18,8 @@ place of ``openrlhf.trainer.ppo_trainer.SamplesGenerator`` in the trainer's Ray 
 3. the complete groups are marked whole (:func:`.records.attach`) and become
    experiences, ``n_samples_per_prompt`` consecutive per group as OpenRLHF's advantage
    reshape needs.  The others stay in the buffer, each sample's response dict with it
-   (``Part.extra``).
+   (``Part.extra``).  The buffer changes here, once the experiences are made
+   (``CarryBuffer.commit``): a step that fails before leaves every carried sample in it.
 
 The loss takes the samples as they are (``loss="as_is"``, APRIL).  ``loss="tis"`` is
 OpenRLHF's own token-level importance-sampling correction over each token's rollout
@@ -48,6 +49,7 @@ from vllm_rl.integrations.common.partial import (
     staleness,
 )
 from vllm_rl.integrations.openrlhf import FLAGS_KEY, HIDDEN_KEY, RECORD_KEY, load_settings
+from vllm_rl.flags import read_step
 from vllm_rl.outcome import RolloutInfo
 
 STALENESS = "vllm_rl/diag/{}"        # the step's staleness in every sample's info
@@ -131,18 +133,20 @@ class RLSamplesGenerator(SamplesGenerator):
                 hf_tokenizer=self.tokenizer, num_samples=n, images=image,
                 vllm_rl_partial=rule)
             pending[ref] = {"prompt": prompt, "label": label, "images": image}
-        complete = list(done)
+        complete, carried = list(done), []
         need, started, ended = cfg.need(launched) + len(done), time.monotonic(), False
         while pending:
             ready, _ = self._rl_wait(list(pending), cfg.time_s, started)
             for ref in ready:
                 group = self._rl_group(pending.pop(ref), self._rl_get(ref), step, n)
-                (self.rl_buffer.groups if group.carried else complete).append(group)
+                (carried if group.carried else complete).append(group)
             late = cfg.time_s is not None and time.monotonic() - started >= cfg.time_s
             if not ended and (len(complete) >= need or (complete and late)):
                 self._rl_end_step(step)
                 ended = True
-        return self._rl_experiences(complete, generate_kwargs), len(prompts), exhausted
+        experiences = self._rl_experiences(complete, generate_kwargs)
+        self.rl_buffer.commit(carried)      # all or nothing: the step's results are in
+        return experiences, len(prompts), exhausted
 
     # -- one step's parts ---------------------------------------------------------------
     def _rl_sampling_params(self, generate_kwargs: dict):
@@ -186,6 +190,7 @@ class RLSamplesGenerator(SamplesGenerator):
     def _rl_end_step(self, step: int) -> None:
         import ray
 
+        step = read_step(step)             # refused here, before any actor sees it
         ray.get([e.end_step.remote(step) for e in self.vllm_engines])
 
     def _rl_group(self, launched: Any, responses: list[dict], step: int,

@@ -19,6 +19,10 @@ rows its largest group needs, so no sample in the loss or the baseline is ever c
 smaller groups fill the extra rows with their unselected samples or padding rows, out
 of the loss and the baseline.
 
+With partial rollouts (``RolloutFunc(partial=...)``) each of TRL's checkpoints keeps the
+carry buffer beside it (``vllm_rl_carry.json``), and a run resumed from one continues
+every carried sample: none lost, none trained twice.
+
 Every step it also logs the learning-signal diagnostics of
 :func:`vllm_rl.integrations.common.advantages.step_diagnostics` as ``vllm_rl/<name>``
 (samples in the loss per group, share of zero-advantage groups, effective sample size of
@@ -27,8 +31,10 @@ the advantages, share carried by 1/ε weights) and keeps them in :attr:`diagnost
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from vllm_rl.integrations.common.advantages import step_diagnostics
@@ -108,6 +114,31 @@ class RLGRPOTrainer(GRPOTrainer):
             if partial.loss == "tis" and "sampling_per_token_logps" in out:
                 out["importance_sampling_ratio"] = self._tis_ratio(out, partial.tis_cap)
         return out
+
+    # -- partial rollouts: the carry buffer in TRL's checkpoints -------------------------
+    def _carry_buffer(self):
+        rollout = self.rollout_func
+        if isinstance(rollout, RolloutFunc) and rollout.partial is not None:
+            return rollout.buffer
+        return None
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """TRL's checkpoint, and with partial rollouts the carried samples beside it
+        (``vllm_rl_carry.json``): a run resumed from it continues every one of them, and
+        none it trained before the checkpoint is in it."""
+        super()._save_checkpoint(model, trial)
+        buffer = self._carry_buffer()
+        if buffer is not None and self.args.should_save:
+            buffer.save(os.path.join(self._get_output_dir(trial=trial),
+                                     f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"))
+
+    def _load_optimizer_and_scheduler(self, checkpoint) -> None:
+        """TRL's resume (every path runs this: plain, DeepSpeed, FSDP), and the carried
+        samples the checkpoint kept in place of the buffer's (none kept: unchanged)."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        buffer = self._carry_buffer()
+        if buffer is not None and checkpoint is not None:
+            buffer.load(checkpoint)
 
     @torch.no_grad()
     def _tis_ratio(self, out: dict, cap: float) -> torch.Tensor:

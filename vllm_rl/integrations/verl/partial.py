@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from vllm_rl.integrations.common.partial import (
+    CHECKPOINT_FILE,
     CarriedGroup,
     CarryBuffer,
     Part,
@@ -53,7 +54,6 @@ CARRY_KEY = "vllm_rl_carry"          # a carried group's row: prompt ids, flags,
 RULE_KEY = "vllm_rl_partial"         # a new prompt's row: the step's partial flags (JSON)
 ROLLOUT_N = "__rollout_n__"          # verl's per-row sample count (AgentLoopWorkerTQ)
 TENSORS = "__vllm_rl_tensors__"      # a kept row's fields that were tensors
-CHECKPOINT_FILE = "vllm_rl_carry.json"
 
 
 def _plain(value: Any) -> Any:
@@ -172,12 +172,17 @@ class PartialRollouts:
 
     def split(self, samples: Sequence[StoredSample]) -> list[bool]:
         """Which of the step's samples train now: a group (a row's ``uid``) with a
-        carried member goes back into the buffer, whole; the others stay."""
+        carried member goes back into the buffer, whole; the others stay.  The buffer
+        changes here, once, when every group has been read
+        (:meth:`~vllm_rl.integrations.common.partial.CarryBuffer.commit`): until then
+        (:meth:`launch` took copies) it holds every carried sample, so an error between
+        the two loses none."""
         step = self.launched.step if self.launched is not None else 0
         by_uid: dict[str, list[StoredSample]] = {}
         for s in samples:
             by_uid.setdefault(s.uid, []).append(s)
         carried: set[str] = set()
+        back: list[CarriedGroup] = []
         for uid, group in by_uid.items():
             if not any(s.info is not None and s.info.reason is Reason.CARRIED for s in group):
                 continue
@@ -198,7 +203,8 @@ class PartialRollouts:
                      if k not in (CARRY_KEY, RULE_KEY, ROLLOUT_N)})
             for p in parts:
                 g.add(p)
-            self.buffer.groups.append(g)
+            back.append(g)
+        self.buffer.commit(back)            # all or nothing: the step's results are in
         return [s.uid not in carried for s in samples]
 
     def state_dict(self) -> dict:

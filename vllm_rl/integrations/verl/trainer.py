@@ -51,12 +51,12 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from vllm_rl.arrol.controller import ArrolFeedback
+from vllm_rl.flags import read_step
 from vllm_rl.integrations.common.advantages import step_diagnostics
 from vllm_rl.integrations.common.partial import Part, PartialConfig, staleness
 from vllm_rl.integrations.verl import FLAGS_KEY, RECORD_KEY, TRAINER_MODE
 from vllm_rl.integrations.verl.loss import mark_metrics, scale_rows, training_marks
 from vllm_rl.integrations.verl.partial import (
-    CHECKPOINT_FILE,
     PartialRollouts,
     PartialSampling,
     StoredSample,
@@ -129,6 +129,7 @@ class RLTrainerSync(PPOTrainerSync):
 
     def _end_step(self, step: int) -> None:
         """End ``step`` on every replica (``RLHttpServer.end_step``)."""
+        step = read_step(step)             # refused here, before any replica sees it
         replicas = self.llm_server_manager.rollout_replicas
         ray.get([r.server_handle.end_step.remote(step) for r in replicas])
 
@@ -170,20 +171,13 @@ class RLTrainerSync(PPOTrainerSync):
     def _save_checkpoint(self):
         super()._save_checkpoint()
         if self.partial is not None:
-            folder = os.path.join(self.config.trainer.default_local_dir,
-                                  f"global_step_{self.global_steps}")
-            os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, CHECKPOINT_FILE), "w") as f:
-                json.dump(self.partial.state_dict(), f)
+            self.partial.buffer.save(os.path.join(self.config.trainer.default_local_dir,
+                                                  f"global_step_{self.global_steps}"))
 
     def _load_checkpoint(self):
         out = super()._load_checkpoint()
         if self.partial is not None and self.global_steps:
-            path = os.path.join(checkpoint_folder(self.config, self.global_steps),
-                                CHECKPOINT_FILE)
-            if os.path.exists(path):
-                with open(path) as f:
-                    self.partial.load_state_dict(json.load(f))
+            self.partial.buffer.load(checkpoint_folder(self.config, self.global_steps))
         return out
 
     # -- the records into the loss ------------------------------------------------------
