@@ -98,6 +98,7 @@ class RLSchedulerMixin(TraceMixin):
         self._stopped_groups: list[GroupState] = []
         self._watched: dict[str, GroupState] = {}   # M valid ended, shortest not yet known
         self.rl_steps = StepBook()          # partial rollouts: each trainer step's rule
+        self._ended_early = False           # this update ended a sample early (_restat)
         self.rl_step = 0
         # Early-stop groups whose M shortest became known (stopped, or every member had
         # ended by then), and the steps they ran past their M-th valid end: the price
@@ -218,6 +219,9 @@ class RLSchedulerMixin(TraceMixin):
             self._cancel_stopped_groups(outputs)
         if self.rl_steps:
             self._end_steps(outputs)
+        if self._ended_early:
+            self._ended_early = False
+            self._restat(outputs)
         return outputs
 
     def _keep_accepted(self, verified) -> None:
@@ -474,8 +478,9 @@ class RLSchedulerMixin(TraceMixin):
 
     def _finish_now(self, request_ids: list[str], outputs: dict[int, EngineCoreOutputs]) -> None:
         """End these requests now (records already written): free their blocks through
-        vLLM's ``finish_requests`` and emit their final output; the step's stats, which
-        vLLM built before these ends, say what is left (:meth:`_restat`)."""
+        vLLM's ``finish_requests`` and emit their final output; once the step's rules are
+        done, its stats, which vLLM built before these ends, are taken again
+        (:meth:`_restat`, once a step)."""
         for request in self.finish_requests(request_ids, EARLY_END_STATUS):
             eco = outputs.get(request.client_index)
             if eco is None:
@@ -488,7 +493,7 @@ class RLSchedulerMixin(TraceMixin):
                 events=request.take_events(),
                 trace_headers=request.trace_headers,
             ))
-        self._restat(outputs)
+        self._ended_early = True
 
     def _restat(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         """vLLM builds a step's ``SchedulerStats`` at the end of its update, before the
@@ -496,7 +501,7 @@ class RLSchedulerMixin(TraceMixin):
         The KV-cache usage and the request counts are taken again here (vLLM's own
         ``get_kv_cache_usage`` and ``get_request_counts``), so ``vllm:kv_cache_usage_perc``
         and ``vllm:num_requests_running`` / ``waiting`` say what the ends left, even when
-        no further step runs.  Only in a step that ended a sample early."""
+        no further step runs.  Once, in a step that ended a sample early."""
         for eco in outputs.values():
             stats = eco.scheduler_stats
             if stats is not None:
