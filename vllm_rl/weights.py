@@ -103,6 +103,17 @@ def load_weights(llm: Any, weights: Iterable | dict) -> dict:
     return weight_sync(llm)
 
 
+def sync_past(llm: Any, version: int | None, current: int | None) -> int | None:
+    """Move a restarted engine's weight version (``current``, from its last
+    :func:`weight_sync`) past ``version``, the one a checkpoint's carried samples were
+    last sampled under, by syncing again (each a prefix-cache reset, no weights moved): a
+    version counts syncs within one engine, and a record's spans must stay ordered across
+    a restart.  Returns the engine's version."""
+    while version is not None and current is not None and current <= version:
+        current = weight_sync(llm)["weight_version"]
+    return current
+
+
 _warned_no_park = False
 
 

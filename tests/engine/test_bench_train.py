@@ -11,35 +11,51 @@ import pytest
 from vllm_rl.bench import train
 
 
-def test_quick_run_writes_the_table_json_and_png(tmp_path):
-    """Stock and all four, one seed, two GRPO steps each through TRL and the engines."""
-    done = subprocess.run([sys.executable, "-m", "vllm_rl.cli", "bench", "train", "--quick",
-                           "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=900)
+def test_quick_run_resumes_from_its_last_step_and_writes_the_table_json_and_png(tmp_path):
+    """Stock and all four, one seed, two GRPO steps each through TRL and the engines,
+    priced end to end on the headline topology.  The first call stops stock after its
+    first step, as if killed; ``--resume`` goes on from that step's checkpoint."""
+    def bench(*extra):
+        return subprocess.run([sys.executable, "-m", "vllm_rl.cli", "bench", "train", "--quick",
+                               "--out", str(tmp_path), *extra], capture_output=True, text=True,
+                              timeout=900)
+
+    stopped = bench("--stop-after", "1")
+    assert stopped.returncode != 0 and "stopped after step 1" in stopped.stdout
+    assert (tmp_path / "ckpt" / "stock-s0" / "checkpoint-1" / "bench_state.pkl").exists()
+    done = bench("--resume")
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     doc = json.loads((tmp_path / "train.json").read_text())
     assert (tmp_path / "train.png").stat().st_size > 10_000
     assert {r["config"] for r in doc["runs"]} == {"stock", "all"} and not doc["errors"]
+    assert not (tmp_path / "ckpt" / "stock-s0").exists()        # cleared once finished
     stock = next(r for r in doc["runs"] if r["config"] == "stock")
-    budget = sum(row["h100_host_s"] for row in stock["steps"])
+    assert stock["resumed_at"] == [1] and [row["step"] for row in stock["steps"]] == [1, 2]
+    budget = sum(row["e2e_s"] for row in stock["steps"])
     for run in doc["runs"]:
         if run["config"] == "stock":
             assert len(run["steps"]) == 2 and run["budget_s"] is None
-        else:             # stock's rollout time, host counted: the same seed's budget
-            spent = [row["h100_host_s"] for row in run["steps"]]
-            assert run["budget_s"] == pytest.approx(budget)
+        else:             # stock's end-to-end time, host counted: the same seed's budget
+            spent = [row["e2e_s"] for row in run["steps"]]
+            assert run["budget_s"] == pytest.approx(budget) and run["budget_axis"] == "e2e_s"
             assert sum(spent) >= budget or len(spent) == 3 * 2          # or --max-steps
             assert sum(spent[:-1]) < budget
+        assert run["trainer_cost"]["topology"]["name"] == "h100x1-colocated:qwen3-1.7b"
         for row in run["steps"]:
             assert row["h100_s"] > 0 and row["engine_steps"] > 0 and "heldout" in row
             assert row["grad_norm"] >= 0
             assert row["h100_host_s"] >= row["h100_s"] and row["host_core_s"] > 0
+            assert len(row["trained"]["completion_lengths"]) == 2 * 4     # 2 prompts x M
+            assert row["trainer"]["trainer_s"] > 0
+            assert row["e2e_s"] == pytest.approx(row["h100_host_s"] + row["trainer"]["trainer_s"]
+                                                 + row["trainer"]["sync_s"])
             assert {"diag_loss_samples_mean", "diag_zero_adv_groups", "diag_ess_fraction",
                     "diag_eps_weight_share"} <= set(row)
     allrun = next(r for r in doc["runs"] if r["config"] == "all")
     assert allrun["steps"][0]["redundant"] == 12        # planner: 1.5 M N for 2 prompts
     assert "| stock |" in done.stdout and "| all |" in done.stdout
-    assert "time to stock's final" in done.stdout and "total proj. + host s" in done.stdout
+    assert "time to stock's final" in done.stdout and "total end to end s" in done.stdout
+    assert "Per seed" in done.stdout
     assert doc["summary"]["all"]["h100_host_vs_stock"] > 0
     assert doc["summary"]["all"]["steps"] == len(allrun["steps"])
 

@@ -186,7 +186,30 @@ def test_rule_and_diagnostics():
     d = staleness(parts)
     assert d["carried_share"] == 0.5 and d["staleness_max"] == 1.0
     assert d["stale_token_share"] == pytest.approx(4 / 20)
+    assert d["stale_sample_share"] == 0.5 and d["token_age_max"] == 1.0
     assert tis_weights([-1.0, -1.0], [-1.0, -3.0], 2.0) == [1.0, 2.0]
+
+
+def test_staleness_counts_every_token_older_than_the_steps_weights():
+    """The issue's case: 7 members ended in step s (weights 1) and train in step s + 1
+    (weights 2) beside their carried sibling; every one of their tokens is a step old."""
+    members = [Part([0] * 12, [0.0] * 12, _info(Reason.EOS, 12, weight_version=1))
+               for _ in range(7)]
+    carried = Part([0] * 16, [0.0] * 16, _info(Reason.EOS, 16, steps_crossed=1,
+                                               weight_version=1,
+                                               weight_versions=[[1, 0], [2, 10]]))
+    d = staleness(members + [carried], version=2)
+    assert d["carried_share"] == 1 / 8
+    assert d["stale_sample_share"] == 1.0                   # all 8 hold older tokens
+    assert d["stale_token_share"] == pytest.approx((7 * 12 + 10) / (7 * 12 + 16))
+    assert d["token_age_share_0"] == pytest.approx(6 / 100)
+    assert d["token_age_share_1"] == pytest.approx(94 / 100)
+    assert d["token_age_mean"] == pytest.approx(0.94)
+    assert staleness(members + [carried]) == d              # the newest span's version
+    old = staleness(members, version=4)                     # three steps later
+    assert old["token_age_share_3plus"] == 1.0 and old["token_age_max"] == 3.0
+    with pytest.raises(ValueError, match="newer"):
+        staleness([carried], version=1)
 
 
 @pytest.mark.parametrize("spans, length, cut", [

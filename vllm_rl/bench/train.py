@@ -68,15 +68,16 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from vllm_rl.bench import train_resume
 from vllm_rl.bench.logs import provenance
 from vllm_rl.bench.matrix import CONFIGS, is_config, parse, technique_flags
+from vllm_rl.bench.train_axes import AXES, AXIS_WORDS, present, price, price_step
+from vllm_rl.cost.trainer import TOPOLOGIES, TrainerCost, topology
 
 COLORS = {"stock": "black", "darts": "tab:blue", "duet": "tab:orange", "das": "tab:green",
           "arrol": "tab:red", "all": "tab:purple"}
@@ -95,10 +96,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=40,
                     help="stock's GRPO steps per run (default 40); its projected rollout "
                          "time, host counted, is every configuration's budget")
-    ap.add_argument("--budget", default="time", choices=("time", "steps"),
+    ap.add_argument("--budget", default="time", choices=("time", "rollout", "steps"),
                     help="time (default): each configuration trains until its projected "
-                         "rollout time, host counted, reaches stock's over --steps (same "
-                         "seed), at most --max-steps; steps: every configuration --steps")
+                         "end-to-end time (rollout host counted, trainer and sync on "
+                         "--topology) reaches stock's over --steps (same seed), at most "
+                         "--max-steps; rollout: the same on rollout time alone (the trainer "
+                         "free); steps: every configuration --steps")
     ap.add_argument("--max-steps", type=int, default=None,
                     help="the cap on a configuration's steps under --budget time "
                          "(default 3 x --steps)")
@@ -127,8 +130,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--arrol-cold", type=int, default=5,
                     help="ARRoL cold-start steps (default 5: Table 7's shortest that works)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    ap.add_argument("--cost", default="h100:qwen3-8b",
-                    help="the step-cost table the rollouts are priced on")
+    ap.add_argument("--topology", default=next(iter(TOPOLOGIES)), choices=list(TOPOLOGIES),
+                    help="where a step runs: the model shape, the GPUs, whether trainer and "
+                         "engine share them (vllm_rl.cost.trainer; default the headline's, "
+                         f"{next(iter(TOPOLOGIES))})")
+    ap.add_argument("--trainer-cost", default=None,
+                    help="a JSON of the trainer's passes measured on a GPU (python -m "
+                         "vllm_rl.cost.measure_trainer); default the FLOPs model's constants")
+    ap.add_argument("--cost", default=None,
+                    help="the step-cost table the rollouts are priced on (default the "
+                         "topology's: h100:<its shape>)")
     ap.add_argument("--host-scale", type=float, default=1.0,
                     help="multiplies the host times measured here in the host-counted "
                          "projection: 0.5 models a host CPU twice as fast (default 1.0)")
@@ -138,6 +149,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--small", action="store_true",
                     help="the earlier preset: every configuration, 4 prompts x 8, max_tokens "
                          "192, a pool of 96, accuracy every 10 steps (about an hour here)")
+    ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: stock and all, 1 seed, 2 steps, 8 held-out prompts "
                          "x 2, one worker (about two minutes)")
@@ -196,8 +208,10 @@ def _accuracy(llm, held: list[str], args) -> float:
 def run_one(name: str, seed: int, args, engines: dict, progress=None,
             start_cache: dict | None = None, budget_s: float | None = None) -> dict:
     """One GRPO run of ``name`` with ``seed``: per-step figures and the eval curve.
-    ``budget_s``: train until the projected rollout time, host counted, reaches it (at
-    most ``max_steps``), the last step evaluated; None: ``args.steps`` steps."""
+    ``budget_s``: train until the projected time on the budget's axis (:func:`spend_key`)
+    reaches it (at most ``max_steps``), the last step evaluated; None: ``args.steps``
+    steps.  Each finished step is checkpointed (:mod:`vllm_rl.bench.train_resume`); with
+    ``args.resume`` a stopped run goes on from its last one."""
     import random
 
     import torch
@@ -242,6 +256,12 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
                           partial=partial_setting(name))
     max_steps = args.steps if budget_s is None else (args.max_steps or 3 * args.steps)
     cost = load_cost(args.cost)
+    trainer_cost = TrainerCost.load(args.topology, args.trainer_cost)
+    spend = spend_key(args)
+    run_dir = train_resume.folder(args.out, name, seed)
+    checkpoint = train_resume.latest(run_dir) if args.resume else None
+    if checkpoint is None:
+        train_resume.clear(run_dir)
     trace = engine_trace(llm)
     held = _heldout(args)
     pool = train_prompts(args.pool)
@@ -253,7 +273,7 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
         order += epoch
     dataset = Dataset.from_dict({"prompt": order[:max_steps * args.prompts]})
     steps: list[dict] = []
-    state = {"mark": trace.mark(), "spent": 0.0}
+    state = {"mark": trace.mark(), "spent": 0.0, "resumed_at": []}
 
     class Record(TrainerCallback):
         def on_step_end(self, a, st, control, **kw):
@@ -276,11 +296,14 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
                    "ended": {r.value: sum(i.reason is r for _, i, _ in rows) for r in Reason
                              if any(i.reason is r for _, i, _ in rows)},
                    **{f"diag_{k}": v for k, v in trainer.diagnostics.items()}}
+            if last.trained is not None:
+                row["trained"] = last.trained.to_dict()
+                row.update(price_step(row, trainer_cost))
             if feedback is not None:
                 row.update({k.replace("/", "_"): v for k, v in feedback.metrics.items()})
             if planner is not None:
                 row.update({k.replace("/", "_"): v for k, v in planner.metrics.items()})
-            state["spent"] += row["h100_host_s"]
+            state["spent"] += row[spend] if budget_s is not None else 0.0
             last = st.global_step == max_steps or (budget_s is not None
                                                    and state["spent"] >= budget_s)
             if st.global_step % args.eval_every == 0 or last:
@@ -289,6 +312,8 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
             if last:
                 control.should_training_stop = True
             steps.append(row)
+            if args.stop_after is not None and st.global_step > args.stop_after:
+                raise Stopped(f"stopped after step {args.stop_after} (--stop-after)")
             state["mark"] = trace.mark()
             if progress is not None:
                 progress(name, seed, row)
@@ -297,15 +322,23 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
             if steps and logs and "grad_norm" in logs:   # this step's, before clipping
                 steps[-1]["grad_norm"] = float(logs["grad_norm"])
 
+        def on_save(self, a, st, control, **kw):         # after TRL's checkpoint
+            train_resume.save(run_dir / f"checkpoint-{st.global_step}",
+                              {"steps": steps, "spent": state["spent"], "start": start,
+                               "resumed_at": state["resumed_at"]}, rollout)
+
     torch.manual_seed(seed)
-    scratch = tempfile.mkdtemp(prefix="vllm-rl-train-")
     config = GRPOConfig(
-        output_dir=scratch, max_steps=max_steps,        # nothing is saved there
+        output_dir=str(run_dir), max_steps=max_steps,   # each step's checkpoint, the last kept
+        save_strategy="steps", save_steps=1, save_total_limit=1,
+        # the CPU's own trainer without recomputation (the same gradients, faster here);
+        # the projected trainer charges the topology's (TRL's default: recomputed)
+        gradient_checkpointing=False,
         per_device_train_batch_size=args.prompts * args.m, num_generations=args.m,
         gradient_accumulation_steps=1, learning_rate=args.lr, beta=0.0,
         lr_scheduler_type=args.lr_schedule,
         max_completion_length=args.max_tokens, logging_steps=1, report_to=[],
-        save_strategy="no", seed=seed, use_cpu=True, bf16=False, disable_tqdm=True,
+        seed=seed, use_cpu=True, bf16=False, disable_tqdm=True,
         shuffle_dataset=False)
     trainer = RLGRPOTrainer(model=model, reward_funcs=[masked_reward(_task_reward)],
                             args=config, train_dataset=dataset,
@@ -314,17 +347,34 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
     trainer.remove_callback(PrinterCallback)
     t0 = time.perf_counter()
     kind = "stock" if flags is None else "rl"     # every run starts from the same weights
-    if start_cache is not None and kind in start_cache:
+    if checkpoint is not None:                    # a stopped run: on from its last step
+        saved = train_resume.restore(checkpoint, rollout, llm)
+        steps[:], state["spent"], start = saved["steps"], saved["spent"], saved["start"]
+        state["resumed_at"] = saved["resumed_at"] + [len(steps)]
+    elif start_cache is not None and kind in start_cache:
         start = start_cache[kind]
     else:
         start = _accuracy(llm, held, args)
         if start_cache is not None:
             start_cache[kind] = start
     state["mark"] = trace.mark()                  # evaluations are not rollout time
-    trainer.train()
-    shutil.rmtree(scratch, ignore_errors=True)
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    train_resume.clear(run_dir)
     return {"config": name, "seed": seed, "flags": flags, "heldout_start": start,
-            "budget_s": budget_s, "steps": steps, "wall_s": time.perf_counter() - t0}
+            "budget_s": budget_s, "budget_axis": spend, "steps": steps,
+            "resumed_at": state["resumed_at"], "trainer_cost": trainer_cost.describe(),
+            "wall_s": time.perf_counter() - t0}
+
+
+class Stopped(RuntimeError):
+    """``--stop-after``: a run stopped as if killed, its last step checkpointed (for
+    testing ``--resume``)."""
+
+
+def spend_key(args) -> str:
+    """The step row's key a ``--budget`` is spent on: ``e2e_s`` (time: end to end on the
+    topology) or ``h100_host_s`` (rollout)."""
+    return "h100_host_s" if args.budget == "rollout" else "e2e_s"
 
 
 def _task_reward(prompts, completions, **_):
@@ -400,7 +450,6 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
 
 
 MAX_GRAD_NORM = 1.0     # TRL's (transformers') default, which every run keeps
-AXES = {"host": "h100_host_s", "gpu": "h100_s"}   # the time axes: host-counted, GPU-only
 LEVELS = 4          # accuracy levels up to stock's final mean
 
 
@@ -479,6 +528,7 @@ def summarize(runs: list[dict]) -> dict:
     if "stock" in by:
         stock_by_seed = {r["seed"]: curve(r)[-1][2] for r in by["stock"]}
         stock_final = t_interval(list(stock_by_seed.values()))
+    axes = present(runs)          # the time axes every step has (older runs: fewer)
     for name in sorted(by, key=lambda c: (c != "stock", list(by).index(c))):
         rs = by[name]
         curves = [curve(r) for r in rs]
@@ -490,7 +540,8 @@ def summarize(runs: list[dict]) -> dict:
             host_total = statistics.fmean(sum(s["h100_host_s"] for s in r["steps"]) for r in rs)
         diag = {}
         for key in ("diag_loss_samples_mean", "diag_zero_adv_groups", "diag_ess_fraction",
-                    "diag_eps_weight_share"):
+                    "diag_eps_weight_share", "diag_stale_sample_share",
+                    "diag_stale_token_share", "diag_token_age_mean"):
             vals = [s[key] for r in rs for s in r["steps"] if key in s]
             if vals:
                 diag[key[5:]] = statistics.fmean(vals)
@@ -521,16 +572,17 @@ def summarize(runs: list[dict]) -> dict:
             row["time_to_mean_s"] = time_to(mean_pts, stock_final[0])
             if all("h100_host_s" in st for r in rs for st in r["steps"]):
                 row["time_to_mean_host_s"] = time_to(
-                    mean_curve([curve(r, AXES["host"]) for r in rs]), stock_final[0])
+                    mean_curve([curve(r, AXES["rollout"]) for r in rs]), stock_final[0])
+        row["total_s"] = {label: statistics.fmean(sum(s[key] for s in r["steps"]) for r in rs)
+                          for label, key in axes.items()}
         out[name] = row
     if "stock" in by:                 # the headline: speed-up at equal accuracy, per seed
         targets = levels(by, stock_final[0] if stock_final else None)
-        host = all("h100_host_s" in st for r in runs for st in r["steps"])
         for name, row in out.items():
             row["levels"] = targets
             row["speedup"] = {axis: [speedups(by["stock"], by[name], lv, key)
                                      for lv in targets]
-                              for axis, key in AXES.items() if host or axis == "gpu"}
+                              for axis, key in axes.items()}
     if "stock" in out:
         base = out["stock"]["h100_total_s"]
         for row in out.values():
@@ -554,11 +606,15 @@ def _speedup(cell: dict | None) -> str:
 
 
 def speedup_table(summary: dict) -> str:
-    """Speed-up at equal accuracy: per level, host-counted (GPU-only beside it)."""
+    """Speed-up at equal accuracy: per level, on the first axis the runs have (end to end
+    where the trainer is charged), the rollout-only axes beside it."""
     first = next(iter(summary.values()), {})
     targets = first.get("levels") or []
     if not targets:
         return ""
+    sp0 = first.get("speedup", {})
+    main = next((a for a in ("e2e", "rollout", "gpu") if a in sp0), None)
+    beside = [a for a in ("rollout", "gpu") if a in sp0 and a != main]
     last = len(targets) - 1
     head = ["config"] + [f"acc {lv:.3f}" + (" (stock's final mean)" if k == last else "")
                          for k, lv in enumerate(targets)]
@@ -569,9 +625,69 @@ def speedup_table(summary: dict) -> str:
         sp = r.get("speedup", {})
         cells = []
         for k in range(len(targets)):
-            host = _speedup(sp["host"][k]) if "host" in sp else "– (no host times)"
-            cells.append(f"{host}; GPU-only {_speedup(sp['gpu'][k])}")
+            cell = f"{main} {_speedup(sp[main][k])}" if main else "–"
+            cell += "".join(f"; {a} {_speedup(sp[a][k])}" for a in beside)
+            cells.append(cell)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def axes_table(summary: dict) -> str:
+    """At stock's final mean: the speed-up at equal accuracy on every axis (the
+    accountings and the trainer-cost sensitivity beside the headline)."""
+    first = next(iter(summary.values()), {})
+    labels = [a for a in AXES if a in first.get("speedup", {})]
+    if not first.get("levels") or not labels:
+        return ""
+    lines = ["| config | " + " | ".join(AXIS_WORDS[a] for a in labels) + " |",
+             "|" + "---|" * (len(labels) + 1)]
+    for name, r in summary.items():
+        if name != "stock":
+            lines.append(f"| {name} | " + " | ".join(_speedup(r["speedup"][a][-1])
+                                                      for a in labels) + " |")
+    return "\n".join(lines)
+
+
+def seeds_table(summary: dict) -> str:
+    """Per seed, the speed-up at stock's final mean on each axis the runs have."""
+    first = next(iter(summary.values()), {})
+    labels = [a for a in ("e2e", "rollout") if a in first.get("speedup", {})]
+    if not first.get("levels") or not labels:
+        return ""
+    lines = ["| config | axis | per seed (seed: ×) | geometric mean (95% t on logs) |",
+             "|---|---|---|---|"]
+    for name, r in summary.items():
+        if name == "stock":
+            continue
+        for a in labels:
+            cell = r["speedup"][a][-1]
+            seeds = ", ".join(f"{s}: {v:.2f}×" for s, v in sorted(cell["per_seed"].items()))
+            lines.append(f"| {name} | {a} | {seeds or 'not reached'} | {_speedup(cell)} |")
+    return "\n".join(lines)
+
+
+def topology_table(runs: list[dict], args) -> str:
+    """The speed-up at equal accuracy at stock's final mean, end to end, with the same runs
+    priced on each other topology of the headline's shape (each step's trained batch
+    kept: the trainer is priced again, the rollout as it was)."""
+    import copy
+
+    shape = topology(args.topology).shape
+    names = [t for t, topo in TOPOLOGIES.items() if topo.shape == shape and t != args.topology]
+    if not names or not all("trained" in st for r in runs for st in r["steps"]):
+        return ""
+    cols = {}
+    for t in names:
+        priced = copy.deepcopy(runs)
+        price(priced, TrainerCost.load(t, args.trainer_cost))
+        cols[t] = summarize(priced)
+    configs = [c for c in next(iter(cols.values())) if c != "stock"]
+    lines = ["| config | " + " | ".join(f"{t} ({TOPOLOGIES[t].accounting})" for t in names)
+             + " |", "|" + "---|" * (len(names) + 1)]
+    for c in configs:
+        lines.append(f"| {c} | " + " | ".join(
+            _speedup(cols[t][c]["speedup"]["e2e"][-1]) if cols[t][c].get("speedup") else "–"
+            for t in names) + " |")
     return "\n".join(lines)
 
 
@@ -595,12 +711,26 @@ def _host_total(r: dict) -> str:
     return "–" if t is None else f"{t:.1f} ({r.get('h100_host_vs_stock') or 0:.2f}×)"
 
 
+def _e2e_total(summary: dict, r: dict) -> str:
+    t, base = r.get("total_s", {}).get("e2e"), summary.get("stock", {}).get("total_s", {})
+    if t is None:
+        return "–"
+    return f"{t:.1f}" + (f" ({base['e2e'] / t:.2f}×)" if base.get("e2e") and t else "")
+
+
+def _stale(r: dict) -> str:
+    if r.get("stale_sample_share") is None:
+        return "–"
+    return (f"{r['stale_sample_share']:.0%} / {r['stale_token_share']:.0%} "
+            f"({r['token_age_mean']:.2f})")
+
+
 def table(summary: dict) -> str:
     head = ("config", "seeds", "steps", "held-out start", "final (95% CI)", "vs stock, paired (95% CI)",
             "time to stock's final CI low, proj. s (× stock total)",
             "time to stock's final mean, proj. s (× stock total)", "total proj. s (× stock)",
-            "total proj. + host s (× stock)",
-            "tokens", "train reward (last 5)", "loss samples / group", "zero-adv groups",
+            "total proj. + host s (× stock)", "total end to end s (× stock)",
+            "stale samples / tokens (token age mean)", "tokens", "train reward (last 5)", "loss samples / group", "zero-adv groups",
             "ESS / n", "1/ε share", "grad norm (median)", "steps clipped")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in summary.items():
@@ -610,7 +740,8 @@ def table(summary: dict) -> str:
             f"{r['final']:.3f} "
             f"({r['final_lo']:.3f}–{r['final_hi']:.3f}) | {_delta(r)} | {tts} | {ttm} | "
             f"{r['h100_total_s']:.1f} "
-            f"({r.get('h100_vs_stock') or 0:.2f}×) | {_host_total(r)} | {r['tokens']:,.0f} | "
+            f"({r.get('h100_vs_stock') or 0:.2f}×) | {_host_total(r)} | "
+            f"{_e2e_total(summary, r)} | {_stale(r)} | {r['tokens']:,.0f} | "
             f"{r['train_reward_last5']:.3f} | {r.get('loss_samples_mean', 0):.1f} | "
             f"{r.get('zero_adv_groups', 0):.2f} | {r.get('ess_fraction', 0):.2f} | "
             f"{r.get('eps_weight_share', 0):.3f} | {_opt(r, 'grad_norm', '.2f')} | "
@@ -636,15 +767,16 @@ def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    host = all("h100_host_s" in st for r in runs for st in r["steps"])
-    keys = [AXES["host"]] * host + [AXES["gpu"], None]
-    fig, axes = plt.subplots(1, len(keys), figsize=(7 * len(keys), 5.5))
+    axes = present(runs)
+    labels = [a for a in ("e2e", "rollout", "gpu") if a in axes][:2] + [None]
+    keys = [axes[a] if a else None for a in labels]
+    fig, plots = plt.subplots(1, len(keys), figsize=(7 * len(keys), 5.5))
     colors = color_of(list(summary))
     for name in summary:
         rs = [r for r in runs if r["config"] == name]
         style = dict(color=colors[name], lw=2.4 if name in ("stock", "all") else 1.4,
                      ls="--" if name == "stock" else "-")
-        for a, key in zip(axes, keys):
+        for a, key in zip(plots, keys):
             curves = [curve(r, key or AXES["gpu"]) for r in rs]
             n = min(len(c) for c in curves)
             x = ([curves[0][k][0] for k in range(n)] if key is None
@@ -656,22 +788,22 @@ def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
                            color=colors[name], alpha=0.12)
     if "stock" in summary:
         s = summary["stock"]
-        for a in axes:
+        for a in plots:
             a.axhspan(s["final_lo"], s["final_hi"], color="grey", alpha=0.15,
                       label="stock final, 95% CI")
-    for a, key in zip(axes, keys):
-        a.set_xlabel("GRPO step" if key is None else
-                     f"cumulative rollout time, projected on {args.cost} (s)"
-                     + (", host counted" if key == AXES["host"] else ", GPU only"))
-    ax = axes[0]
-    for a in axes:
+    for a, label in zip(plots, labels):
+        a.set_xlabel("GRPO step" if label is None else
+                     f"cumulative time, {AXIS_WORDS[label]}, projected (s)")
+    ax = plots[0]
+    for a in plots:
         a.set_ylabel(f"held-out accuracy ({args.eval_prompts} prompts × "
                      f"{args.eval_samples}, T = 1)")
         a.grid(alpha=0.3)
     ax.legend(fontsize=9, loc="lower right")
     seeds = max(s["seeds"] for s in summary.values())
-    fig.suptitle(f"Time to accuracy: GRPO (TRL) on the embedded model through the engine; "
-                 f"mean of {seeds} seed(s), band = min–max over seeds", fontsize=11)
+    fig.suptitle(f"Time to accuracy: GRPO (TRL) on the embedded model through the engine, "
+                 f"priced on {args.topology} (rollout table {args.cost}); mean of {seeds} "
+                 "seed(s), band = min–max over seeds", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -683,7 +815,7 @@ def plot(runs: list[dict], summary: dict, path: Path, args) -> None:
 # the arguments that decide a run's result (a finished run is reused only if they match)
 RUN_ARGS = ("steps", "prompts", "m", "pool", "max_tokens", "lr", "lr_schedule", "eval_every",
             "eval_prompts", "eval_samples", "heldout_seed", "l_detect", "arrol_cold", "cost",
-            "host_scale", "budget", "max_steps")
+            "host_scale", "budget", "max_steps", "topology", "trainer_cost")
 
 
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total} [{elapsed}<{remaining}{postfix}]"
@@ -703,12 +835,13 @@ def _finished(out: Path, name: str, seed: int, args) -> dict | None:
 
 
 def budget_of(stock_run: dict, args) -> float | None:
-    """A configuration's rollout-time budget for the seed of ``stock_run``: stock's
-    projected rollout time over its steps, host counted (None under ``--budget
-    steps``)."""
-    if args.budget != "time":
+    """A configuration's budget for the seed of ``stock_run``: stock's projected time over
+    its steps on the budget's axis (:func:`spend_key`: end to end, or the rollout alone;
+    None under ``--budget steps``)."""
+    if args.budget == "steps":
         return None
-    return sum(row["h100_host_s"] for row in stock_run["steps"])
+    key = spend_key(args)
+    return sum(row[key] for row in stock_run["steps"])
 
 
 def check_configs(names: list[str]) -> list[str]:
@@ -726,6 +859,7 @@ def main(argv: list[str] | None = None) -> None:
         args.configs, args.seeds, args.steps, args.eval_every = "stock,all", 1, 2, 1
         args.eval_prompts, args.eval_samples, args.workers, args.prompts = 8, 2, 1, 2
         args.m, args.pool, args.arrol_cold = 4, 8, 1
+    args.cost = args.cost or topology(args.topology).cost_spec
     names = ["stock"] + [c for c in dict.fromkeys(args.configs.split(",")) if c and c != "stock"]
     unknown = check_configs(names)
     if unknown:
@@ -739,8 +873,9 @@ def main(argv: list[str] | None = None) -> None:
     todo = [j for j in jobs if j not in done]
     workers = max(1, min(args.workers, len(todo)))
     print(f"{len(jobs)} runs ({', '.join(names)} × {args.seeds} seed(s); stock {args.steps} "
-          f"steps, the others " + ("stock's rollout time, host counted" if args.budget == "time"
-                                   else f"{args.steps} steps")
+          f"steps, the others " + {"time": f"stock's end-to-end time on {args.topology}",
+                                   "rollout": "stock's rollout time, host counted",
+                                   "steps": f"{args.steps} steps"}[args.budget]
           + f"), {len(runs)} already done, on {workers} worker(s); vLLM's log: "
           f"{out / 'vllm.log'}")
     import multiprocessing as mp
@@ -792,7 +927,8 @@ def main(argv: list[str] | None = None) -> None:
         kind, name, seed, payload = queue.get()
         if kind == "step":
             budget = budgets.get((name, seed))
-            advance(name, seed, 1.0 if not budget else args.steps * payload["h100_host_s"] / budget)
+            advance(name, seed, 1.0 if not budget
+                    else args.steps * payload[spend_key(args)] / budget)
             msg = f"{name}/s{seed} step {payload['step']}"
             if "heldout" in payload:
                 msg += f" acc {payload['heldout']:.3f}"
@@ -830,11 +966,22 @@ def main(argv: list[str] | None = None) -> None:
     if summary:
         plot(runs, summary, out / "train.png", args)
         print(table(summary))
-        print("\nSpeed-up at equal accuracy: stock's projected rollout time to each level "
-              "over the configuration's, the geometric mean over seeds (95% t-interval on the "
-              "log scale, seeds where "
-              "both reach it), host-counted; GPU-only beside it.\n")
+        print("\nSpeed-up at equal accuracy: stock's projected time to each level over the "
+              "configuration's, the geometric mean over seeds (95% t-interval on the log "
+              "scale, seeds where both reach it); e2e: end to end on the topology (rollout "
+              "host counted, trainer, sync), the rollout-only axes beside it.\n")
         print(speedup_table(summary))
+        print(f"\nAt stock's final mean, on every axis ({args.topology}: "
+              f"{topology(args.topology).describe}; the trainer "
+              f"{TrainerCost.load(args.topology, args.trainer_cost).source}):\n")
+        print(axes_table(summary))
+        print("\nPer seed, at stock's final mean:\n")
+        print(seeds_table(summary))
+        others = topology_table(runs, args)
+        if others:
+            print("\nThe same runs priced on the other topologies of the shape (their "
+                  "budgets were the headline's):\n")
+            print(others)
     print(f"\n{len(runs)} runs in {doc['wall_s'] / 60:.1f} min; JSON {out / 'train.json'}, "
           f"PNG {out / 'train.png'}")
     if errors:

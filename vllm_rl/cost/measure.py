@@ -31,56 +31,15 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from vllm_rl.cost.shapes import SHAPES, Shape
 
-@dataclass(frozen=True)
-class Shape:
-    """The dimensions of a Qwen3-style decoder."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-
-    def __post_init__(self) -> None:
-        for key, value in asdict(self).items():
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"shape {key} must be a positive int, got {value!r}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of "
-                             f"kv_heads ({self.kv_heads})")
-
-    @classmethod
-    def from_hf_config(cls, path: str | Path) -> Shape:
-        """From a Hugging Face ``config.json`` (head_dim defaults to hidden / heads)."""
-        cfg = json.loads(Path(path).read_text())
-        try:
-            heads = cfg["num_attention_heads"]
-            return cls(
-                layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
-                kv_heads=cfg.get("num_key_value_heads", heads),
-                head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-                intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"])
-        except KeyError as exc:
-            raise ValueError(f"{path}: config lacks {exc.args[0]!r}") from None
-
-
-#: Built-in shapes (the shared H100 table's README).
-SHAPES = {
-    "qwen3-8b": Shape(layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128,
-                      intermediate=12288, vocab=151936),
-    "qwen3-1.7b": Shape(layers=28, hidden=2048, heads=16, kv_heads=8, head_dim=128,
-                        intermediate=6144, vocab=151936),
-}
 
 #: Grids (batches B, widths q, contexts L).  ``default`` is the shared H100 table's.
 GRIDS = {

@@ -271,6 +271,10 @@ class CarryBuffer:
     def __init__(self) -> None:
         self.groups: list[CarriedGroup] = []
         self._taken: list[CarriedGroup] = []     # the groups the step in flight took
+        # the engine's weight version the last committed step ran under: an engine
+        # restarted from a checkpoint counts its syncs from 0 again, and is moved past it
+        # (:func:`vllm_rl.weights.sync_past`) so the records' versions stay ordered
+        self.weight_version: int | None = None
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -410,10 +414,12 @@ class CarryBuffer:
     def state_dict(self) -> dict:
         """The buffer as plain JSON types: every group it holds, a step in flight's
         taken groups included (that step has not trained them)."""
-        return {"groups": [g.to_json() for g in self.groups]}
+        return {"groups": [g.to_json() for g in self.groups],
+                "weight_version": self.weight_version}
 
     def load_state_dict(self, state: dict) -> None:
         self.groups = [CarriedGroup.from_json(g) for g in state.get("groups", [])]
+        self.weight_version = state.get("weight_version")
         self._taken = []
 
     def save(self, folder: str) -> str:
@@ -471,23 +477,63 @@ def part_of(c, sp=None, prior: Part | None = None) -> Part:
     return merge(prior, ids, lps, info, seed, c.text)
 
 
-def staleness(parts: Iterable[Part]) -> dict[str, float]:
-    """The learning-signal diagnostics of a step's samples: how stale they are (steps
-    crossed, mean and max; the share of samples carried at least once; the share of
-    their tokens sampled under older weights than the step's last)."""
+#: The age bins of :func:`staleness`'s distribution: 0, 1, 2 and 3 or more steps.
+AGE_BINS = ("0", "1", "2", "3plus")
+
+
+def staleness(parts: Iterable[Part], version: int | None = None) -> dict[str, float]:
+    """The staleness of a step's trained samples, exactly.
+
+    A trained token's *age* is the weight version the step trains from (``version``: the
+    engine's weight version after the step's sync; default the newest among the samples'
+    spans, which is that version whenever the step generated a token) minus the version
+    it was sampled under (:func:`spans`).  A sample that ended in an earlier step and
+    trains now, beside a carried sibling, holds tokens a step old although it never
+    crossed a sync.  Returned:
+
+    * ``stale_sample_share``: the share of samples holding any token of age > 0;
+    * ``stale_token_share``: the share of tokens of age > 0; ``token_age_mean`` and
+      ``token_age_max``; ``token_age_share_{0,1,2,3plus}``: the distribution of ages over
+      tokens;
+    * ``staleness_mean`` / ``staleness_max``: the syncs each sample crossed while it
+      generated (``steps_crossed``), and ``carried_share``: the share carried at least
+      once.
+    """
     parts = list(parts)
     crossed = [p.info.steps_crossed or 0 for p in parts]
-    total = sum(len(p.token_ids) for p in parts)
-    old = 0
-    for p in parts:
-        s = spans(p.info)
-        last = s[-1][0]
-        # tokens before the last version's first token came from older weights
-        old += next((i for v, i in s if v == last), 0)
+    cut = [spans(p.info) for p in parts]
+    if version is None:
+        version = max((v for s in cut for v, _ in s), default=0)
+    ages: dict[int, int] = {}
+    stale_samples = 0
+    for part, s in zip(parts, cut):
+        n = len(part.token_ids)
+        ends = [i for _, i in s[1:]] + [n]
+        old = False
+        for (v, start), end in zip(s, ends):
+            count = min(end, n) - min(start, n)
+            if count <= 0:
+                continue
+            age = version - v
+            if age < 0:
+                raise ValueError(f"a token sampled under weight version {v}, newer than "
+                                 f"the step's {version}")
+            ages[age] = ages.get(age, 0) + count
+            old = old or age > 0
+        stale_samples += old
+    total = max(sum(ages.values()), 1)
     n = max(len(parts), 1)
-    return {"staleness_mean": sum(crossed) / n, "staleness_max": float(max(crossed, default=0)),
-            "carried_share": sum(1 for c in crossed if c > 0) / n,
-            "stale_token_share": old / max(total, 1)}
+    out = {"staleness_mean": sum(crossed) / n, "staleness_max": float(max(crossed, default=0)),
+           "carried_share": sum(1 for c in crossed if c > 0) / n,
+           "stale_sample_share": stale_samples / n,
+           "stale_token_share": sum(k for a, k in ages.items() if a > 0) / total,
+           "token_age_mean": sum(a * k for a, k in ages.items()) / total,
+           "token_age_max": float(max(ages, default=0))}
+    for label in AGE_BINS:
+        lo = int(label.removesuffix("plus"))
+        inside = (lambda a: a >= lo) if label.endswith("plus") else (lambda a: a == lo)
+        out[f"token_age_share_{label}"] = sum(k for a, k in ages.items() if inside(a)) / total
+    return out
 
 
 def tis_weights(current: Sequence[float], rollout: Sequence[float], cap: float) -> list[float]:
@@ -496,7 +542,7 @@ def tis_weights(current: Sequence[float], rollout: Sequence[float], cap: float) 
     return [min(math.exp(c - r), cap) for c, r in zip(current, rollout)]
 
 
-__all__ = ["CHECKPOINT_FILE", "CarriedGroup", "CarryBuffer", "LOSSES", "Part",
+__all__ = ["AGE_BINS", "CHECKPOINT_FILE", "CarriedGroup", "CarryBuffer", "LOSSES", "Part",
            "PartialConfig", "PartialStep", "SAMPLING", "continuation", "end_step",
            "end_step_async", "merge", "part_of", "sampling_of", "spans", "stale_part",
            "staleness", "tis_weights"]

@@ -47,6 +47,7 @@ from vllm import SamplingParams
 from vllm_rl.integrations.common.marks import TrainingMark, training_marks
 from vllm_rl.integrations.common.partial import (CarryBuffer, Part, PartialConfig, part_of,
                                                  staleness)
+from vllm_rl.cost.trainer import TrainedBatch
 from vllm_rl.outcome import RolloutInfo
 
 RECORD = "vllm_rl_record"
@@ -73,6 +74,7 @@ class Rollout:
     wall_s: float = 0.0
     carried: int = 0                # partial rollouts: samples carried out of this step
     staleness: dict[str, float] = field(default_factory=dict)   # of the groups it returns
+    trained: TrainedBatch | None = None     # the rows the trainer gets (padding rows too)
 
 
 class RolloutFunc:
@@ -106,12 +108,14 @@ class RolloutFunc:
         self.buffer = CarryBuffer()
         self.keep_prompt = keep_prompt          # a carried group's prompt still in the data?
         self.loaded_step: int | None = None
+        self.weight_version: int | None = None  # the engine's after the last load
         self.calls = 0
         self._groups: list[tuple[list[int], list[Part]]] = []   # per prompt: ids, samples
         self._logprob_sums: list[float] = []
         self._prepared: tuple[list, dict] | None = None   # (prompts, rows): prepare()'s
         self.last = Rollout()
         self.last_weights: list[float] = []     # per returned sample, in TRL's order
+        self.last_arrol_update: dict | None = None   # the head last pushed to the engine
         self.last_marks: list[TrainingMark] = []
         self.last_texts: list[str] = []
 
@@ -197,11 +201,14 @@ class RolloutFunc:
         """The trainer's weights into the engine, once per optimizer step."""
         step = trainer.state.global_step
         if self.sync_weights and step != self.loaded_step:
-            from vllm_rl.weights import load_weights
+            from vllm_rl.weights import load_weights, sync_past
 
             model = trainer.accelerator.unwrap_model(trainer.model)
-            load_weights(self.llm, {k: v.detach() for k, v in model.state_dict().items()})
+            report = load_weights(self.llm, {k: v.detach()
+                                             for k, v in model.state_dict().items()})
             self.loaded_step = step
+            self.weight_version = sync_past(self.llm, self.buffer.weight_version,
+                                            (report or {}).get("weight_version"))
 
     def __call__(self, prompts: Sequence[Any], trainer) -> dict[str, list]:
         if self._prepared is None or self._prepared[0] != list(prompts):
@@ -291,7 +298,8 @@ class RolloutFunc:
                             redundant=[len(g[4]) for g in groups], carried=carried,
                             rows=[g[1] for g in groups])
         if self.partial is not None:
-            self.last.staleness = staleness(p for g in groups for p in g[4])
+            self.last.staleness = staleness((p for g in groups for p in g[4]),
+                                            self.weight_version)
         self._groups = [(g[3], g[4]) for g in groups]
         for prompt, _, sp, _, parts in groups:
             pid = self.problem_id(prompt)
@@ -322,6 +330,7 @@ class RolloutFunc:
         outs = (self.llm.generate(launched.prompts, launched.params, use_tqdm=False)
                 if launched.prompts else [])
         complete = self.buffer.finish(launched, outs)
+        self.buffer.weight_version = self.weight_version
         self._tokens = launched.tokens
         carried = self.buffer.samples()
         groups = []
@@ -359,6 +368,8 @@ class RolloutFunc:
                 self.last_marks.append(mark)
                 self.last_texts.append(c.text)
         self.last_weights = list(result[WEIGHT])
+        self.last.trained = TrainedBatch.of([len(p) for p in result["prompt_ids"]],
+                                            [len(c) for c in result["completion_ids"]])
         return result
 
     def _feedback(self) -> None:
@@ -377,6 +388,7 @@ class RolloutFunc:
             update = self.arrol_feedback.observe(infos, rewards, prompts)
             if update is not None:
                 self.llm.arrol_update(**update)
+                self.last_arrol_update = update
 
 
 # A padding row: its prompt had fewer samples than the batch's slots per prompt.
