@@ -18,14 +18,12 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from vllm_rl.class_paths import SCHEDULER_CLS, SYNC_SCHEDULER_CLS, WORKER_EXTENSION_CLS
 from vllm_rl.flags import FlagError, RLFlags, rl_params, rl_xargs
 from vllm_rl.outcome import Reason, RolloutInfo
 
 __version__ = "0.1.0"
 
-SCHEDULER_CLS = "vllm_rl.engine.scheduler.RLScheduler"
-SYNC_SCHEDULER_CLS = "vllm_rl.engine.scheduler.RLSyncScheduler"   # CPU platform; DAS sync
-WORKER_EXTENSION_CLS = "vllm_rl.worker.RLWorkerExtension"   # DAS trees + ARRoL head
 
 
 def _map_source_folders() -> None:
@@ -60,4 +58,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["LLM", "engine_args", "server_args", "rl_params", "rl_xargs", "RLFlags", "FlagError",
-           "RolloutInfo", "Reason", "SCHEDULER_CLS", "SYNC_SCHEDULER_CLS"]
+           "RolloutInfo", "Reason", "SCHEDULER_CLS", "SYNC_SCHEDULER_CLS", "WORKER_EXTENSION_CLS"]

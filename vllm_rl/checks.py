@@ -23,6 +23,14 @@ def check_real(name: str, value: Any, lo: float | None = None, strict: bool = Fa
     return float(value)
 
 
+def check_lengths(name: str, values: Any) -> list[float]:
+    """Each of ``values`` a finite number >= 0 (a length, in tokens), as floats."""
+    values = list(values)
+    for i, v in enumerate(values):
+        check_real(f"{name}[{i}]", v, lo=0.0)
+    return [float(v) for v in values]
+
+
 def check_same_length(**seqs: Sequence[Any]) -> int:
     """The common length of the named sequences (ValueError naming the odd one)."""
     sizes = {name: len(seq) for name, seq in seqs.items()}

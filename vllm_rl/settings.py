@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_rl import SCHEDULER_CLS, SYNC_SCHEDULER_CLS, WORKER_EXTENSION_CLS
+from vllm_rl.class_paths import SCHEDULER_CLS, SYNC_SCHEDULER_CLS, WORKER_EXTENSION_CLS
 from vllm_rl.engine import TRACE_KEY   # additional_config: record each engine step (trace)
 
 COST_KEY = "vllm_rl_cost"      # additional_config: the StepCost spec (vllm_rl.cost.load_cost)

@@ -44,7 +44,8 @@ COMPILED = ("vllm_rl._C",)
 # ``__init__.py`` only).  Order and membership follow docs/ARCHITECTURE.md, "Layers".
 LAYERS = (
     ("core", ("vllm_rl", "vllm_rl.flags", "vllm_rl.outcome", "vllm_rl.step_output",
-              "vllm_rl.checks", "vllm_rl.coins", "vllm_rl.cost", "vllm_rl.lazy"), False),
+              "vllm_rl.checks", "vllm_rl.coins", "vllm_rl.cost", "vllm_rl.lazy",
+              "vllm_rl.class_paths"), False),
     ("native", ("vllm_rl.kernels", "vllm_rl._C"), False),
     ("techniques", ("vllm_rl.darts", "vllm_rl.duet", "vllm_rl.das", "vllm_rl.arrol"), True),
     ("engine", ("vllm_rl.engine",), False),
@@ -66,11 +67,11 @@ EXCEPTIONS = {
         "factory's public names lazily (its module __getattr__), so `import vllm_rl` imports "
         "no vLLM; a module that imports one of these names from vllm_rl is resolved to "
         "vllm_rl.llm and checked as such",
-    ("vllm_rl", "vllm_rl.engine.scheduler"):
+    ("vllm_rl.class_paths", "vllm_rl.engine.scheduler"):
         "the facade names the RL schedulers as class-path strings (SCHEDULER_CLS, "
         "SYNC_SCHEDULER_CLS) for vLLM's scheduler_cls; naming them imports nothing, vLLM "
         "imports them in the engine process",
-    ("vllm_rl", "vllm_rl.worker"):
+    ("vllm_rl.class_paths", "vllm_rl.worker"):
         "the facade names the worker extension as a class-path string "
         "(WORKER_EXTENSION_CLS) for vLLM's worker_extension_cls; vLLM imports it in the "
         "worker process",
@@ -360,6 +361,58 @@ def test_every_import_resolves_to_a_module():
     bad = [f"{m} imports {t} ({how})" for m, edges in g.edges.items()
            for t, how in edges.items() if t not in g.modules]
     assert not bad, "\n".join(bad)
+
+
+def import_cycles(edges: dict[str, dict[str, str]]) -> list[list[str]]:
+    """The strongly connected sets of modules (Tarjan) over the import edges, lazy imports
+    in functions included; a class path named as a string (which vLLM or verl resolves)
+    imports nothing and is left out."""
+    graph = {m: [t for t, how in e.items() if t != m and not how.startswith("the string")]
+             for m, e in edges.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    g = graph()
+    cycles = import_cycles(g.edges)
+    assert not cycles, "\n".join(
+        " <-> ".join(c) + ": " + "; ".join(f"{a} -> {b} ({g.edges[a][b]})" for a in c
+                                           for b in g.edges[a] if b in c)
+        for c in cycles)
+    assert import_cycles({"a": {"b": "import, line 1"}, "b": {"a": "import, line 9"}}) \
+        == [["a", "b"]]
+    assert import_cycles({"a": {"b": "import, line 1"},
+                          "b": {"a": "the string 'a.X', line 2"}}) == []
 
 
 def test_every_exception_is_needed():

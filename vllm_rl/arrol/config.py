@@ -7,8 +7,19 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vllm_rl import WORKER_EXTENSION_CLS
+from vllm_rl.class_paths import WORKER_EXTENSION_CLS
 from vllm_rl.flags import FlagError, RLFlags
+
+
+def load_head_state(head: Any) -> dict:
+    """A head state from a dict or the path of a JSON file holding one."""
+    if isinstance(head, (str, bytes)) or hasattr(head, "__fspath__"):
+        with open(head) as f:
+            return json.load(f)
+    if not isinstance(head, dict):
+        raise ValueError("ARRoL head: a state dict (QualityHead.export) or a JSON path")
+    return head
+
 
 CONFIG_KEY = "vllm_rl_arrol"          # additional_config key of an ARRoL engine
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
@@ -146,7 +157,6 @@ def check_update(head: Any = None, calibration: Any = None, cold_start: Any = Fa
             hidden_size = model_config.get_hidden_size()
     if head is not None:
         from vllm_rl.arrol.head import check_head_state
-        from vllm_rl.arrol.scorer import load_head_state
 
         try:
             head = load_head_state(head)

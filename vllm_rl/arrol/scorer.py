@@ -64,7 +64,6 @@ A hidden state (``return_hidden``) does not travel with it: it stays in the scor
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections import deque
@@ -76,7 +75,7 @@ import numpy as np
 import torch
 
 from vllm_rl.arrol import rule
-from vllm_rl.arrol.config import ArrolConfig
+from vllm_rl.arrol.config import ArrolConfig, load_head_state
 from vllm_rl.arrol.hidden import HiddenStore
 from vllm_rl.cost.host import WORKER as HOST     # the scorer's host time, for the trace
 from vllm_rl.flags import KEY, ArrolFlags, read_or_warn
@@ -203,16 +202,6 @@ def _tensor(x: Any, shape: tuple[int, ...], name: str, device, dtype=torch.float
     if not torch.isfinite(t).all():
         raise ValueError(f"ARRoL head '{name}': non-finite values")
     return t.to(device)
-
-
-def load_head_state(head: Any) -> dict:
-    """A head state from a dict or the path of a JSON file holding one."""
-    if isinstance(head, (str, bytes)) or hasattr(head, "__fspath__"):
-        with open(head) as f:
-            return json.load(f)
-    if not isinstance(head, dict):
-        raise ValueError("ARRoL head: a state dict (QualityHead.export) or a JSON path")
-    return head
 
 
 def _calibration(value: Any) -> rule.Calibration | None:

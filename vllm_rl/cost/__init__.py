@@ -29,10 +29,11 @@ around each step (:mod:`vllm_rl.cost.host`).  Pure Python; importing this import
 """
 from __future__ import annotations
 
-from vllm_rl.cost.base import Projection, StepCost, project
+from vllm_rl.cost.base import StepCost
 from vllm_rl.cost.host import host_counted
 from vllm_rl.cost.load import load_cost
 from vllm_rl.cost.online import OnlineCost
+from vllm_rl.cost.projection import Projection, project
 from vllm_rl.cost.table import TableCost
 
 __all__ = ["OnlineCost", "Projection", "StepCost", "TableCost", "host_counted", "load_cost",

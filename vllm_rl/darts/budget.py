@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from vllm_rl.checks import check_lengths
 from vllm_rl.checks import check_int as _check_int
 from vllm_rl.checks import check_real as _check_real
-from vllm_rl.darts.controller import _check_lengths
 
 
 def optimal_budget(rho: float, lam: float, k: float) -> float:
@@ -65,7 +65,7 @@ def rollout_cost(lengths: Sequence[float], ptl: Callable[[int], float]) -> float
     Between the (m−1)-th and m-th completion, ``M' − m + 1`` samples are still
     generating, each step at that batch size's per-token latency.
     """
-    ordered = sorted(_check_lengths("lengths", lengths))
+    ordered = sorted(check_lengths("lengths", lengths))
     n = len(ordered)
     total, previous = 0.0, 0.0
     for m, length in enumerate(ordered, start=1):
@@ -81,7 +81,7 @@ def length_quantiles(samples: Sequence[float], count: int) -> list[float]:
     The quantiles at probabilities (j − ½)/count, j = 1..count, with linear
     interpolation between order statistics (position p·(n−1), numpy's default).
     """
-    ordered = sorted(_check_lengths("samples", samples))
+    ordered = sorted(check_lengths("samples", samples))
     if not ordered:
         raise ValueError("samples must not be empty")
     count = _check_int("count", count, 1)
@@ -142,7 +142,7 @@ def _effective(redundant: Sequence[int], lengths_by_prompt: Sequence[Sequence[fl
     rows = []
     for n, lengths in zip(redundant, lengths_by_prompt, strict=True):
         n = _check_int("redundant", n, M)
-        ordered = sorted(_check_lengths("lengths", lengths))
+        ordered = sorted(check_lengths("lengths", lengths))
         if not ordered:
             raise ValueError("lengths_by_prompt: every prompt needs a length")
         rows.append((n, ordered))

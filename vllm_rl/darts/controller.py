@@ -25,6 +25,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_rl.checks import check_lengths
 from vllm_rl.checks import check_int as _check_int
 from vllm_rl.checks import check_real as _check_real
 from vllm_rl.flags import rl_params as _rl_params
@@ -37,13 +38,6 @@ SHORTEST = "shortest"
 
 
 # ------------------------------------------------------------------------ input checks
-
-
-def _check_lengths(name: str, lengths: Iterable[float]) -> list[float]:
-    values = list(lengths)
-    for i, v in enumerate(values):
-        _check_real(f"{name}[{i}]", v, lo=0.0)
-    return [float(v) for v in values]
 
 
 def _check_decay(name: str, value: Any) -> float:
@@ -105,7 +99,7 @@ class LengthStats:
         stopped early (Alg. 2, line 12) the cancelled samples' lengths so far are lower
         bounds, so the estimate for such a prompt is biased low.
         """
-        values = _check_lengths("lengths", lengths)
+        values = check_lengths("lengths", lengths)
         if not values:
             raise ValueError("lengths must not be empty")
         variance = statistics.pvariance(values)

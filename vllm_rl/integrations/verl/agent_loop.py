@@ -32,7 +32,7 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 
 from vllm_rl.integrations.common.partial import Part, merge  # noqa: E402
 from vllm_rl.integrations.common.policy import RolloutPolicy, Sample, load_policy  # noqa: E402
-from vllm_rl.integrations.verl import FLAGS_KEY, RECORD_KEY  # noqa: E402
+from vllm_rl.integrations.verl.keys import FLAGS_KEY, RECORD_KEY  # noqa: E402
 from vllm_rl.integrations.verl.partial import CARRY_KEY, RULE_KEY, CarryPayload  # noqa: E402
 from vllm_rl.integrations.verl.server import engine_settings  # noqa: E402
 from vllm_rl.outcome import RolloutInfo  # noqa: E402

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from vllm_rl.integrations.common.marks import TrainingMark, mark_metrics
 from vllm_rl.integrations.common.marks import training_marks as _marks
-from vllm_rl.integrations.verl import FLAGS_KEY, RECORD_KEY
+from vllm_rl.integrations.verl.keys import FLAGS_KEY, RECORD_KEY
 from vllm_rl.outcome import RolloutInfo
 
 __all__ = ["TrainingMark", "mark_metrics", "scale_rows", "training_marks"]

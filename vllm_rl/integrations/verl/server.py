@@ -36,7 +36,7 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import (  # noqa: E402
 )
 
 from vllm_rl.integrations.common.rpc import RLStateRPC  # noqa: E402
-from vllm_rl.integrations.verl import NAME, RECORD_KEY, SETTINGS_KEY  # noqa: E402
+from vllm_rl.integrations.verl.keys import NAME, RECORD_KEY, SETTINGS_KEY  # noqa: E402
 from vllm_rl.integrations.common.partial import end_step_async  # noqa: E402
 from vllm_rl.outcome import Reason, record_of  # noqa: E402
 
@@ -175,7 +175,7 @@ class RLReplica(vLLMReplica):
     """verl's vLLM replica with :class:`RLHttpServer` actors named ``vllm_rl_server_*``."""
 
     def __init__(self, *args, **kwargs) -> None:
-        from vllm_rl.integrations.verl import check_registered
+        from vllm_rl.integrations.verl.checks import check_registered
 
         check_registered()
         super().__init__(*args, **kwargs)

@@ -54,7 +54,7 @@ from vllm_rl.arrol.controller import ArrolFeedback
 from vllm_rl.flags import read_step
 from vllm_rl.integrations.common.advantages import step_diagnostics
 from vllm_rl.integrations.common.partial import Part, PartialConfig, staleness
-from vllm_rl.integrations.verl import FLAGS_KEY, RECORD_KEY, TRAINER_MODE
+from vllm_rl.integrations.verl.keys import FLAGS_KEY, RECORD_KEY, TRAINER_MODE
 from vllm_rl.integrations.verl.loss import mark_metrics, scale_rows, training_marks
 from vllm_rl.integrations.verl.partial import (
     PartialRollouts,
