@@ -331,9 +331,6 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
     config = GRPOConfig(
         output_dir=str(run_dir), max_steps=max_steps,   # each step's checkpoint, the last kept
         save_strategy="steps", save_steps=1, save_total_limit=1,
-        # the CPU's own trainer without recomputation (the same gradients, faster here);
-        # the projected trainer charges the topology's (TRL's default: recomputed)
-        gradient_checkpointing=False,
         per_device_train_batch_size=args.prompts * args.m, num_generations=args.m,
         gradient_accumulation_steps=1, learning_rate=args.lr, beta=0.0,
         lr_scheduler_type=args.lr_schedule,
