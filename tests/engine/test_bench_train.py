@@ -183,3 +183,25 @@ def test_an_outside_heldout_set_is_disjoint_from_training_and_the_fixed_set():
     assert not set(outside) & set(train_prompts(args.pool))
     assert not set(outside) & set(heldout_prompts(256))
     assert train._heldout(train.parser().parse_args([])) == heldout_prompts(args.eval_prompts)
+
+
+def test_a_worker_that_dies_ends_its_run_with_an_error():
+    """The OOM killer takes a worker mid-run: its run is reported failed (its seed's
+    other runs are then dropped, not waited for) and the loop ends."""
+    import queue
+
+    class Proc:
+        def __init__(self, pid, alive):
+            self.pid, self.exitcode, self._alive = pid, None if alive else -9, alive
+
+        def is_alive(self):
+            return self._alive
+
+    q = queue.Queue()
+    for msg in [("start", "stock", 0, 11), ("start", "stock", 1, 12),
+                ("step", "stock", 0, {"step": 1}), ("done", "stock", 1, {}),
+                ("exit", None, None, 12)]:
+        q.put(msg)
+    got = list(train._messages(q, [Proc(11, alive=False), Proc(12, alive=True)]))
+    assert [m[0] for m in got] == ["start", "start", "step", "done", "error"]
+    assert got[-1][1:3] == ("stock", 0) and "exit code -9" in got[-1][3]

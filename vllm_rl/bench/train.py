@@ -400,6 +400,7 @@ def _worker(jobs, args_dict, queue) -> None:
     engines: dict = {}
     start_cache: dict = {}             # the step-0 accuracy: same weights, same eval samples
     for name, seed, budget_s in iter(jobs.get, None):
+        queue.put(("start", name, seed, os.getpid()))
         try:
             _engines(engines)
             result = run_one(name, seed, args, engines,
@@ -410,7 +411,38 @@ def _worker(jobs, args_dict, queue) -> None:
             import traceback
 
             queue.put(("error", name, seed, traceback.format_exc()))
-    queue.put(("exit", None, None, None))
+    queue.put(("exit", None, None, os.getpid()))
+
+
+def _messages(queue, procs: list):
+    """The workers' messages until every worker has exited; a worker that dies (the
+    kernel's OOM killer, a crash in native code) ends its run with an error, as a
+    failed run does, so its seed's others are not waited for (``--resume`` goes on from
+    the run's last checkpointed step)."""
+    import queue as queues
+
+    running: dict[int, tuple[str, int]] = {}
+    alive = {p.pid for p in procs}
+    while alive:
+        try:
+            kind, name, seed, payload = queue.get(timeout=10)
+        except queues.Empty:
+            for p in procs:
+                if p.pid in alive and not p.is_alive():
+                    alive.discard(p.pid)
+                    job = running.pop(p.pid, None)
+                    if job is not None:
+                        yield ("error", *job, f"worker {p.pid} died (exit code {p.exitcode}"
+                               "; -9 is the kernel's OOM killer)")
+            continue
+        if kind == "start":
+            running[payload] = (name, seed)
+        elif kind in ("done", "error"):
+            running = {pid: job for pid, job in running.items() if job != (name, seed)}
+        elif kind == "exit":
+            alive.discard(payload)
+            continue
+        yield kind, name, seed, payload
 
 
 def _quiet() -> None:
@@ -918,10 +950,11 @@ def main(argv: list[str] | None = None) -> None:
         shown[name, seed] = shown.get((name, seed), 0.0) + units
         bar.update(units)
 
-    errors, alive = [], len(procs)
+    errors = []
     t0 = time.perf_counter()
-    while alive:
-        kind, name, seed, payload = queue.get()
+    for kind, name, seed, payload in _messages(queue, procs):
+        if kind == "start":
+            continue
         if kind == "step":
             budget = budgets.get((name, seed))
             advance(name, seed, 1.0 if not budget
@@ -951,8 +984,6 @@ def main(argv: list[str] | None = None) -> None:
             if pending == 0:
                 for _ in procs:
                     job_queue.put(None)
-        else:
-            alive -= 1
     for p in procs:
         p.join()
     bar.close()
