@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from vllm_rl.bench import train
+from vllm_rl.bench import train, train_report, train_run
 
 
 def test_quick_run_resumes_from_its_last_step_and_writes_the_table_json_and_png(tmp_path):
@@ -62,16 +62,16 @@ def test_quick_run_resumes_from_its_last_step_and_writes_the_table_json_and_png(
 
 def test_time_to_target_interpolates_on_cumulative_time():
     pts = [(0.0, 0.5), (10.0, 0.6), (20.0, 0.7)]
-    assert train.time_to(pts, 0.65) == pytest.approx(15.0)
-    assert train.time_to(pts, 0.5) == 0.0
-    assert train.time_to(pts, 0.71) is None
+    assert train_report.time_to(pts, 0.65) == pytest.approx(15.0)
+    assert train_report.time_to(pts, 0.5) == 0.0
+    assert train_report.time_to(pts, 0.71) is None
 
 
 def test_t_interval_over_seeds():
-    m, lo, hi = train.t_interval([0.6, 0.7, 0.8])
+    m, lo, hi = train_report.t_interval([0.6, 0.7, 0.8])
     assert m == pytest.approx(0.7)
     assert hi - m == pytest.approx(4.303 * 0.1 / 3 ** 0.5, rel=1e-3)     # t(0.975, 2)
-    assert train.t_interval([0.5]) == (0.5, 0.5, 0.5)
+    assert train_report.t_interval([0.5]) == (0.5, 0.5, 0.5)
 
 
 def test_summary_reports_time_to_stock_final_and_ratios():
@@ -83,12 +83,12 @@ def test_summary_reports_time_to_stock_final_and_ratios():
 
     runs = [run("stock", s, [0.55, 0.6, 0.65 + 0.01 * s], 2.0) for s in range(3)]
     runs += [run("all", s, [0.62, 0.66, 0.7], 1.0) for s in range(3)]
-    summary = train.summarize(runs)
+    summary = train_report.summarize(runs)
     st, al = summary["stock"], summary["all"]
     assert st["h100_total_s"] == 6.0 and al["h100_vs_stock"] == pytest.approx(2.0)
     assert st["final_lo"] < st["final"] < st["final_hi"]
     assert al["time_to_target_s"] < 2.0 and al["time_to_target_frac"] < 1 / 3
-    assert "| all |" in train.table(summary)
+    assert "| all |" in train_report.table(summary)
     # paired by seed: all - stock = 0.7 - (0.65 + 0.01 s), mean 0.04, interval over 3 seeds
     assert al["delta"] == pytest.approx(0.04)
     assert al["delta_lo"] < 0.04 < al["delta_hi"] and st["delta"] == 0.0
@@ -106,12 +106,12 @@ def test_speedup_at_equal_accuracy_per_seed_and_its_interval():
 
     stock = [run("stock", s, [0.6, 0.7], 1.0) for s in range(2)]
     fast = [run("all", 0, [0.7, 0.7], 0.5), run("all", 1, [0.55, 0.6, 0.65, 0.7], 1.0)]
-    sp = train.speedups(stock, fast, 0.7, "h100_host_s")
+    sp = train_report.speedups(stock, fast, 0.7, "h100_host_s")
     assert sp["per_seed"] == {0: pytest.approx(4.0), 1: pytest.approx(0.5)}
     assert sp["mean"] == pytest.approx(math.sqrt(2.0))                 # geometric
     assert 0 < sp["lo"] < sp["mean"] < sp["hi"]
     assert math.log(sp["hi"] / sp["mean"]) == pytest.approx(math.log(sp["mean"] / sp["lo"]))
-    assert train.speedups(stock, fast, 0.9, "h100_host_s")["seeds_reached"] == 0
+    assert train_report.speedups(stock, fast, 0.9, "h100_host_s")["seeds_reached"] == 0
 
 
 def test_summary_host_counted_totals_and_runs_without_them():
@@ -122,13 +122,13 @@ def test_summary_host_counted_totals_and_runs_without_them():
             row["h100_host_s"] = host
         return {"config": name, "seed": 0, "heldout_start": 0.5, "steps": [row, dict(row)]}
 
-    summary = train.summarize([run("stock", 1.5), run("all", 3.0)])
+    summary = train_report.summarize([run("stock", 1.5), run("all", 3.0)])
     assert summary["all"]["h100_host_total_s"] == 6.0
     assert summary["all"]["h100_host_vs_stock"] == pytest.approx(0.5)
-    assert "6.0 (0.50×)" in train.table(summary)
-    old = train.summarize([run("stock", None), run("all", None)])   # before host times
+    assert "6.0 (0.50×)" in train_report.table(summary)
+    old = train_report.summarize([run("stock", None), run("all", None)])   # before host times
     assert old["all"]["h100_host_total_s"] is None and old["all"]["h100_host_vs_stock"] is None
-    assert "| – |" in train.table(old)
+    assert "| – |" in train_report.table(old)
 
 
 def test_resume_reuses_only_runs_from_the_same_arguments(tmp_path):
@@ -159,8 +159,8 @@ def test_levels_run_up_to_stocks_final_mean():
         return {"config": name, "seed": 0, "heldout_start": 0.5, "steps": steps}
 
     by = {"stock": [run("stock", [0.6, 0.7])], "das": [run("das", [0.55, 0.6])]}
-    assert train.levels(by, 0.7) == pytest.approx([0.55, 0.6, 0.65, 0.7])
-    assert train.levels(by, None) == []
+    assert train_report.levels(by, 0.7) == pytest.approx([0.55, 0.6, 0.65, 0.7])
+    assert train_report.levels(by, None) == []
 
 
 def test_bench_train_help_and_bad_config():
@@ -178,11 +178,11 @@ def test_an_outside_heldout_set_is_disjoint_from_training_and_the_fixed_set():
     from vllm_rl.task import heldout_prompts, train_prompts
 
     args = train.parser().parse_args(["--heldout-seed", "7"])
-    outside = train._heldout(args)
+    outside = train_run._heldout(args)
     assert len(outside) == args.eval_prompts == len(set(outside))
     assert not set(outside) & set(train_prompts(args.pool))
     assert not set(outside) & set(heldout_prompts(256))
-    assert train._heldout(train.parser().parse_args([])) == heldout_prompts(args.eval_prompts)
+    assert train_run._heldout(train.parser().parse_args([])) == heldout_prompts(args.eval_prompts)
 
 
 def test_a_worker_that_dies_ends_its_run_with_an_error():
@@ -202,6 +202,6 @@ def test_a_worker_that_dies_ends_its_run_with_an_error():
                 ("step", "stock", 0, {"step": 1}), ("done", "stock", 1, {}),
                 ("exit", None, None, 12)]:
         q.put(msg)
-    got = list(train._messages(q, [Proc(11, alive=False), Proc(12, alive=True)]))
+    got = list(train_run._messages(q, [Proc(11, alive=False), Proc(12, alive=True)]))
     assert [m[0] for m in got] == ["start", "start", "step", "done", "error"]
     assert got[-1][1:3] == ("stock", 0) and "exit code -9" in got[-1][3]

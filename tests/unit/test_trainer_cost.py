@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from vllm_rl.bench import train_axes, train_resume
+from vllm_rl.bench import train_budget, train_resume
 from vllm_rl.cost.shapes import SHAPES, Shape
 from vllm_rl.cost.trainer import (GPUS, MODEL, TOPOLOGIES, TrainedBatch, TrainerCost,
                                   TrainerTime, end_to_end, topology)
@@ -110,13 +110,13 @@ def _run(name: str, seed: int, accs: list[float], rollout: float, prompt: int, c
 def test_every_axis_priced_and_the_trainer_dilutes_a_rollout_gain():
     """A configuration whose rollout is half stock's, training the same batches: 2x on
     the rollout axis, less end to end, and less still with the trainer twice as slow."""
-    from vllm_rl.bench import train
+    from vllm_rl.bench import train_report as train
 
     cost = TrainerCost.load(HEADLINE)
     runs = [_run("stock", s, [0.6, 0.7], 1.0, 64, 2048) for s in range(2)]
     runs += [_run("das", s, [0.6, 0.7], 0.5, 64, 2048) for s in range(2)]
-    train_axes.price(runs, cost)
-    assert set(train_axes.present(runs)) == set(train_axes.AXES)
+    train_budget.price(runs, cost)
+    assert set(train_budget.present(runs)) == set(train_budget.AXES)
     summary = train.summarize(runs)
     sp = {a: summary["das"]["speedup"][a][-1]["mean"] for a in summary["das"]["speedup"]}
     assert sp["rollout"] == pytest.approx(2.0)
@@ -134,7 +134,7 @@ def test_every_axis_priced_and_the_trainer_dilutes_a_rollout_gain():
     for r in old:
         for st in r["steps"]:
             del st["trained"]
-    assert set(train_axes.present(old)) == {"rollout", "gpu"}      # before the trainer
+    assert set(train_budget.present(old)) == {"rollout", "gpu"}      # before the trainer
 
 
 def test_checkpoint_state_round_trip(tmp_path):

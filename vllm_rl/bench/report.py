@@ -13,13 +13,18 @@ from pathlib import Path
 
 def render(doc: dict) -> str:
     if "runs" in doc and doc["runs"] and "heldout_start" in doc["runs"][0]:
-        from vllm_rl.bench import train
+        from vllm_rl.bench import train_report
 
-        summary = train.summarize(doc["runs"])
-        speed = train.speedup_table(summary)
-        return train.table(summary) + ("\n\nSpeed-up at equal accuracy (geometric mean "
-                                       "over seeds, 95% t-interval on the log scale):"
-                                       "\n\n" + speed if speed else "")
+        summary = train_report.summarize(doc["runs"])
+        parts = [train_report.table(summary)]
+        for title, text in (("Speed-up at equal accuracy (geometric mean over seeds, 95% "
+                             "t-interval on the log scale)", train_report.speedup_table(summary)),
+                            ("At stock's final mean, on every axis",
+                             train_report.axes_table(summary)),
+                            ("Per seed, at stock's final mean", train_report.seeds_table(summary))):
+            if text:
+                parts.append(f"{title}:\n\n{text}")
+        return "\n\n".join(parts)
     if "summary" in doc and isinstance(doc["summary"], list):
         from vllm_rl.bench import step
 

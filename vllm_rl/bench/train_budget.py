@@ -1,5 +1,6 @@
-"""The time axes of ``vllm-rl bench train``: each step priced end to end on a named
-topology (:mod:`vllm_rl.cost.trainer`), with the rollout-only axes beside it.
+"""The budget of ``vllm-rl bench train``: each step priced end to end on a named topology
+(:mod:`vllm_rl.cost.trainer`), the rollout-only axes beside it, and the time each
+configuration may spend (:func:`budget_of`: stock's, on the axis :func:`spend_key` names).
 
 A step's row keeps its rollout projected on the topology's step-cost table (``h100_s``,
 the forward passes; ``h100_host_s``, host time counted) and the batch its trainer
@@ -72,3 +73,19 @@ def present(runs: list[dict]) -> dict[str, str]:
     """The axes every step of every run has, in :data:`AXES`' order."""
     return {label: key for label, key in AXES.items()
             if runs and all(key in row for r in runs for row in r["steps"])}
+
+
+def spend_key(args) -> str:
+    """The step row's key a ``--budget`` is spent on: ``e2e_s`` (time: end to end on the
+    topology) or ``h100_host_s`` (rollout)."""
+    return "h100_host_s" if args.budget == "rollout" else "e2e_s"
+
+
+def budget_of(stock_run: dict, args) -> float | None:
+    """A configuration's budget for the seed of ``stock_run``: stock's projected time over
+    its steps on the budget's axis (:func:`spend_key`: end to end, or the rollout alone;
+    None under ``--budget steps``)."""
+    if args.budget == "steps":
+        return None
+    key = spend_key(args)
+    return sum(row[key] for row in stock_run["steps"])
