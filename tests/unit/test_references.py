@@ -288,3 +288,64 @@ def test_the_checker_finds_stale_references():
     assert found == [("vllm_rl.outcome.annotate_group", "func"),
                      ("darts.rule.nothing", "ticked")]
     assert [check(marks, r, f) for r, f in found] == [False, False]
+
+
+# ------------------------------------------------------------------ docs/ARCHITECTURE.md
+#: The installed frameworks whose names the map cites (vLLM's methods, verl's hooks).
+FRAMEWORKS = ("vllm", "verl", "trl", "openrlhf")
+
+
+@cache
+def _code_words() -> tuple[frozenset[str], str, tuple[str, ...]]:
+    """Every identifier in the project's code and the frameworks' sources, the project's
+    code as text, and the project's file paths."""
+    import importlib.util
+    from pathlib import Path
+
+    texts, paths = [], []
+    for folder in ("vllm_rl", "patches", "kernels", "csrc", "tests", "scripts", "examples",
+                   "benchmarks", ".ci"):
+        for f in (ROOT / folder).rglob("*"):
+            if f.is_file() and "__pycache__" not in f.parts:
+                paths.append("/" + f.relative_to(ROOT).as_posix())
+                if f.suffix in (".py", ".cpp", ".h", ".sh", ".yaml", ".toml", ".txt", ""):
+                    texts.append(f.read_text(errors="ignore"))
+    own = "\n".join(texts)
+    theirs = []
+    for name in FRAMEWORKS:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            theirs += [f.read_text(errors="ignore") for f in Path(spec.origin).parent.rglob("*.py")]
+    words = frozenset(re.findall(r"[A-Za-z_]\w*", own + "\n".join(theirs)))
+    return words, own, tuple(paths)
+
+
+def architecture_misses(doc: str) -> list[str]:
+    """The backticked names and paths of ``doc`` that the code does not have: a dotted name
+    (``RLSchedulerMixin.reset_prefix_cache``) whose every part is an identifier of the
+    project's code or of a framework it extends; a file or folder (``common/partial.py``)
+    that is a tail of a project path, or that the code names (vLLM's own tests, run from
+    its sdist)."""
+    words, own, paths = _code_words()
+    misses = []
+    for token in sorted(set(re.findall(r"`([^`\n]+)`", doc))):
+        t = token.strip()
+        if re.fullmatch(r"[\w.-]+(/[\w.-]+)*/?", t) and ("/" in t or re.search(
+                r"\.(py|json|yaml|md|sh|cpp|h)$", t)):
+            tail = "/" + t.rstrip("/")
+            if not (any(p.endswith(tail) or (tail + "/") in p for p in paths) or t in own):
+                misses.append(t)
+            continue
+        m = re.fullmatch(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(\(\))?", t)
+        if m and any(part not in words for part in m.group(1).split(".")):
+            misses.append(t)
+    return misses
+
+
+def test_every_name_the_architecture_cites_exists():
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    assert not architecture_misses(doc), architecture_misses(doc)
+    method, path = "no_such" + "_method_here", "engine/" + "nowhere" + "_at_all.py"
+    assert architecture_misses(f"`RLSchedulerMixin.{method}`, `{path}`, "
+                               "`engine/scheduler.py`, `reset_prefix_cache`") == sorted(
+        [f"RLSchedulerMixin.{method}", path])
