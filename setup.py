@@ -53,6 +53,8 @@ for name, folder in MAPPED.items():
         package_dir[name] = folder
         packages += [f"{name}.{sub}" for sub in find_packages(where=str(ROOT / folder))]
 
+BENCH = ["tqdm", "matplotlib"]
+
 setup(
     name="vllm-rl",
     version="0.1.0",
@@ -65,11 +67,13 @@ setup(
     include_package_data=True,
     ext_modules=ext_modules(),
     cmdclass={"build_ext": CMakeBuild},
-    install_requires=["numpy", "tqdm", "google-re2", "matplotlib"],
-    # pybind11 and cmake: the fast rebuild of the suffix tree in place
+    install_requires=["numpy", "google-re2"],
+    # bench: `vllm-rl bench` and the demo's report (progress bars, PNGs); test: the suite,
+    # with pybind11 and cmake for the fast rebuild of the suffix tree in place
     # (`python setup.py build_ext --inplace`), which the isolated build does not leave
-    extras_require={"test": ["pytest>=8", "hypothesis>=6", "ruff==0.17.6", "pybind11>=2.12",
-                             "cmake>=3.18"]},
+    extras_require={"bench": BENCH,
+                    "test": ["pytest>=8", "hypothesis>=6", "ruff==0.17.6", "pybind11>=2.12",
+                             "cmake>=3.18", *BENCH]},
     entry_points={
         "vllm.general_plugins": ["vllm_rl = vllm_rl.plugin:register"],
         "vllm.endpoint_plugins": ["vllm_rl = vllm_rl.endpoint:RLEndpoints"],
