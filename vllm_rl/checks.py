@@ -65,8 +65,11 @@ def is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_unit(name: str, value: Any) -> float:
-    """A real number in [0, 1] (a probability or a rate), as a float."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name}={value!r}: allowed a float in [0, 1]")
+def check_unit(name: str, value: Any, open_low: bool = False) -> float:
+    """A real number in [0, 1] (a probability or a rate; in (0, 1] with ``open_low``), as a
+    float."""
+    ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and (
+        0.0 < value <= 1.0 if open_low else 0.0 <= value <= 1.0)
+    if not ok:
+        raise ValueError(f"{name}={value!r}: allowed a float in {'(0' if open_low else '[0'}, 1]")
     return float(value)

@@ -45,6 +45,7 @@ from typing import Any
 
 from vllm_rl.checks import check_int as _check_int
 from vllm_rl.checks import check_real as _check_real
+from vllm_rl.checks import check_unit as _check_unit
 from vllm_rl.checks import check_same_length as _check_same_length
 
 __all__ = [
@@ -70,13 +71,6 @@ def _check_class(name: str, value: Any) -> str:
     if value not in _RANK:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, CLASSES))}, "
                          f"got {value!r}")
-    return value
-
-
-def _check_unit(name: str, value: Any) -> float:
-    value = _check_real(name, value, lo=0.0)
-    if value > 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value}")
     return value
 
 

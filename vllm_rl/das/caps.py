@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from vllm_rl.checks import check_int as _check_int
 from vllm_rl.checks import check_real as _check_real
 from vllm_rl.checks import check_same_length as _check_same_length
-from vllm_rl.das.budget import _check_unit
+from vllm_rl.checks import check_unit as _check_unit
 
 
 def batch_cap(batch_size: int, full_at: float, off_at: float) -> float:

@@ -25,14 +25,6 @@ N_MIN = 2
 _MAX_EXPANSIONS = 4096
 
 
-def _check_unit(name: str, value: Any) -> float:
-    """A probability-like floor in (0, 1]."""
-    value = _check_real(name, value, lo=0.0, strict=True)
-    if value > 1.0:
-        raise ValueError(f"{name} must be in (0, 1], got {value}")
-    return value
-
-
 def _check_reals(name: str, values: Iterable[Any], lo: float | None = None,
                  strict: bool = False) -> list[float]:
     return [_check_real(f"{name}[{i}]", v, lo, strict) for i, v in enumerate(values)]

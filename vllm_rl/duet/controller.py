@@ -38,8 +38,8 @@ from typing import Any
 from vllm_rl.checks import check_int as _check_int
 from vllm_rl.checks import check_real as _check_real
 from vllm_rl.checks import check_same_length as _check_same_length
-from vllm_rl.duet.allocation import (N_MIN, Allocation, _check_n_max, _check_reals,
-                                     _check_unit, allocate)
+from vllm_rl.checks import check_unit
+from vllm_rl.duet.allocation import N_MIN, Allocation, _check_n_max, _check_reals, allocate
 from vllm_rl.duet.weights import (ABORTED, EPS_ABORT, EPS_PRE, KEPT, _check_status,
                                   loss_weights, stratification_factors)
 
@@ -186,8 +186,8 @@ class DuetController:
         self.floor_percentile = _check_real("floor_percentile", floor_percentile, lo=0.0)
         if self.floor_percentile > 100.0:
             raise ValueError(f"floor_percentile must be in [0, 100], got {floor_percentile}")
-        self.eps_pre = _check_unit("eps_pre", eps_pre)
-        self.eps_abort = _check_unit("eps_abort", eps_abort)
+        self.eps_pre = check_unit("eps_pre", eps_pre, open_low=True)
+        self.eps_abort = check_unit("eps_abort", eps_abort, open_low=True)
         if ddof not in (0, 1):
             raise ValueError(f"ddof must be 0 or 1, got {ddof!r}")
         self.ddof = ddof

@@ -13,7 +13,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 from vllm_rl.checks import check_int as _check_int
 
-from vllm_rl.duet.allocation import _check_unit
+from vllm_rl.checks import check_unit
 
 
 # Rollout outcomes as the engine reports them (Alg. A.10 lines 15-32).
@@ -51,7 +51,7 @@ def stratification_factors(counts: Sequence[int], eps_pre: float = EPS_PRE) -> l
     counts = [_check_int(f"counts[{i}]", n, 1) for i, n in enumerate(counts)]
     if not counts:
         raise ValueError("counts must not be empty")
-    eps_pre = _check_unit("eps_pre", eps_pre)
+    eps_pre = check_unit("eps_pre", eps_pre, open_low=True)
     mean = math.fsum(counts) / len(counts)
     return [min(1.0, max(eps_pre, n / mean)) for n in counts]
 
@@ -73,7 +73,7 @@ def abort_propensity(status: str, eps_abort: float = EPS_ABORT) -> float:
     """p_{q,i}^abort of Sec. 3.2 / Alg. A.10 line 32: ε_abort once the keep coin was
     drawn (no marker by K2 + G: :data:`EPS_KEPT` or :data:`ABORTED`), else 1."""
     _check_status("status", status)
-    eps_abort = _check_unit("eps_abort", eps_abort)
+    eps_abort = check_unit("eps_abort", eps_abort, open_low=True)
     return 1.0 if status == KEPT else eps_abort
 
 
@@ -83,7 +83,7 @@ def loss_weight(s_pre: float, status: str, eps_abort: float = EPS_ABORT) -> floa
     1/s_pre for a :data:`KEPT` rollout, 1/(s_pre ε_abort) for an :data:`EPS_KEPT` one,
     0 for an :data:`ABORTED` one.
     """
-    s_pre = _check_unit("s_pre", s_pre)
+    s_pre = check_unit("s_pre", s_pre, open_low=True)
     p = abort_propensity(status, eps_abort)
     return 0.0 if status == ABORTED else 1.0 / (s_pre * p)
 
