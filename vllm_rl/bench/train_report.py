@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vllm_rl.bench.train_budget import AXES, AXIS_WORDS, present, price
 from vllm_rl.cost.trainer import TOPOLOGIES, TrainerCost, topology
+from vllm_rl.integrations.common.partial import AGE_BINS
 
 COLORS = {"stock": "black", "darts": "tab:blue", "duet": "tab:orange", "das": "tab:green",
           "arrol": "tab:red", "all": "tab:purple"}
@@ -124,7 +125,8 @@ def summarize(runs: list[dict]) -> dict:
         diag = {}
         for key in ("diag_loss_samples_mean", "diag_zero_adv_groups", "diag_ess_fraction",
                     "diag_eps_weight_share", "diag_stale_sample_share",
-                    "diag_stale_token_share", "diag_token_age_mean"):
+                    "diag_stale_token_share", "diag_token_age_mean",
+                    *(f"diag_token_age_share_{b}" for b in AGE_BINS)):
             vals = [s[key] for r in rs for s in r["steps"] if key in s]
             if vals:
                 diag[key[5:]] = statistics.fmean(vals)
