@@ -20,10 +20,10 @@ def test_quick_run_resumes_from_its_last_step_and_writes_the_table_json_and_png(
                                "--out", str(tmp_path), *extra], capture_output=True, text=True,
                               timeout=900)
 
-    stopped = bench("--stop-after", "1")
+    stopped = bench("--stop-after", "1", "--micro-batch", "4")
     assert stopped.returncode != 0 and "stopped after step 1" in stopped.stdout
     assert (tmp_path / "ckpt" / "stock-s0" / "checkpoint-1" / "bench_state.pkl").exists()
-    done = bench("--resume")
+    done = bench("--resume", "--micro-batch", "4")
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     doc = json.loads((tmp_path / "train.json").read_text())
     assert (tmp_path / "train.png").stat().st_size > 10_000

@@ -133,6 +133,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--arrol-cold", type=int, default=5,
                     help="ARRoL cold-start steps (default 5: Table 7's shortest that works)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    ap.add_argument("--micro-batch", type=int, default=None,
+                    help="the trainer's micro-batch in rows, accumulated to one optimizer "
+                         "step per rollout step (the same gradient with less memory: 128 x 8 "
+                         "on two workers); default the whole step")
     ap.add_argument("--topology", default=next(iter(TOPOLOGIES)), choices=list(TOPOLOGIES),
                     help="where a step runs: the model shape, the GPUs, whether trainer and "
                          "engine share them (vllm_rl.cost.trainer; default the headline's, "
@@ -165,7 +169,7 @@ def parser() -> argparse.ArgumentParser:
 # the arguments that decide a run's result (a finished run is reused only if they match)
 RUN_ARGS = ("steps", "prompts", "m", "pool", "max_tokens", "lr", "lr_schedule", "eval_every",
             "eval_prompts", "eval_samples", "heldout_seed", "l_detect", "arrol_cold", "cost",
-            "host_scale", "budget", "max_steps", "topology", "trainer_cost")
+            "host_scale", "budget", "max_steps", "topology", "trainer_cost", "micro_batch")
 
 
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total} [{elapsed}<{remaining}{postfix}]"

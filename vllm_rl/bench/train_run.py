@@ -185,11 +185,15 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
                                "resumed_at": state["resumed_at"]}, rollout)
 
     torch.manual_seed(seed)
+    micro = micro_batch(args)
     config = GRPOConfig(
         output_dir=str(run_dir), max_steps=max_steps,   # each step's checkpoint, the last kept
         save_strategy="steps", save_steps=1, save_total_limit=1,
-        per_device_train_batch_size=args.prompts * args.m, num_generations=args.m,
-        gradient_accumulation_steps=1, learning_rate=args.lr, beta=0.0,
+        # one optimizer step per rollout step: the step's rows in micro-batches of
+        # --micro-batch accumulated (the same gradient, less memory), by default one
+        per_device_train_batch_size=micro, num_generations=args.m,
+        gradient_accumulation_steps=args.prompts * args.m // micro,
+        learning_rate=args.lr, beta=0.0,
         lr_scheduler_type=args.lr_schedule,
         max_completion_length=args.max_tokens, logging_steps=1, report_to=[],
         seed=seed, use_cpu=True, bf16=False, disable_tqdm=True,
@@ -306,3 +310,13 @@ def _quiet() -> None:
     transformers.utils.logging.disable_progress_bar()
     logging.getLogger("trl").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
+
+
+def micro_batch(args) -> int:
+    """The trainer's micro-batch: ``--micro-batch`` rows (it must divide the step's
+    prompts × M), or the whole step."""
+    rows = args.prompts * args.m
+    micro = getattr(args, "micro_batch", None) or rows
+    if rows % micro:
+        raise ValueError(f"--micro-batch {micro} must divide the step's {rows} rows")
+    return micro
