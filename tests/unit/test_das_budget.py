@@ -9,13 +9,9 @@ import sys
 
 import pytest
 
+from vllm_rl.das.length_classes import CLASSES, LONG, MEDIUM, SHORT, LengthClasses
 from vllm_rl.das.budget import (
-    CLASSES,
-    LONG,
-    MEDIUM,
-    SHORT,
     AcceptanceEstimate,
-    LengthClasses,
     accepted_tokens,
     chain_acceptance,
     estimate_k_alpha,
@@ -217,7 +213,7 @@ def test_update_is_monotone_along_a_generation():
 def test_posterior_reads_sorted_lists_not_the_history(monkeypatch):
     """O(log n) per query: the posterior bisects per-max_tokens sorted lists and never
     walks the history deque (counted, not timed)."""
-    import vllm_rl.das.budget as das
+    import vllm_rl.das.length_classes as das
 
     rng = random.Random(3)
     lc = LengthClasses()

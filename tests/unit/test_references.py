@@ -271,7 +271,9 @@ def test_the_checker_finds_stale_references():
     assert resolve("vllm_rl.LLM")                                # the facade's lazy name
     assert resolve("vllm_rl.no_such_module") is False
     drafter = graph().modules["vllm_rl.das.drafter"]
-    assert check_role("policy.estimate_k", drafter)             # an import alias
+    assert check_role("length_classes.LengthClasses", drafter)  # an imported module
+    assert check_role("policy.estimate_k_many",                   # an import alias
+                      graph().modules["vllm_rl.das.budgeting"])
     assert check_role(".caps.cost_cap", drafter)
     assert check_role("~.caps.no_such_cap", drafter) is False
     assert check_role("vllm.LLM", drafter) is None              # not ours

@@ -28,6 +28,7 @@ import numpy as np
 
 from vllm_rl.cost import OnlineCost
 from vllm_rl.das import budget as policy
+from vllm_rl.das import length_classes
 from vllm_rl.das import caps as draft_caps
 from vllm_rl.das.slots import CLASS, FIXED, OPTIMAL
 from vllm_rl.das.state import PhaseStep, RequestState, StepRows
@@ -164,7 +165,7 @@ class DraftBudgets:
         cur = st.length_class
         new = self.classes.update(cur, int(S.generated[i]), st.init_class, st.max_tokens)
         if new != cur:
-            S.rank[i] = policy.CLASSES.index(new)
+            S.rank[i] = length_classes.CLASSES.index(new)
             S.class_budget[i] = self.classes.budget(new, st.budget)
 
     def _optimal(self, slots: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:

@@ -75,7 +75,7 @@ from vllm.logger import init_logger
 
 from vllm_rl.cost import load_cost
 from vllm_rl.cost.host import WORKER as HOST     # the drafter's host time, for the trace
-from vllm_rl.das import budget as policy
+from vllm_rl.das import length_classes
 from vllm_rl.das.async_drafts import AsyncDrafts
 from vllm_rl.das.budgeting import DraftBudgets
 from vllm_rl.das.config import DASConfig
@@ -102,7 +102,7 @@ class DASProposer(AsyncDrafts, DraftBudgets, RequestBook):
         self.store = ProblemTrees(cfg.window, cfg.max_stored_tokens, cfg.max_depth, cfg.prior)
         # the windows' dropped rollouts leave their trees on the feeder thread
         self.store.defer_removals = cfg.background_feed
-        self.classes = policy.LengthClasses(horizon=cfg.round_horizon, history=cfg.history)
+        self.classes = length_classes.LengthClasses(horizon=cfg.round_horizon, history=cfg.history)
         self.slots = Slots()
         self.round = Round()
         self.rounds = 0

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from vllm.logger import init_logger
 
-from vllm_rl.das import budget as policy
+from vllm_rl.das import length_classes
 from vllm_rl.das.config import default_problem_id
 from vllm_rl.das.slots import FIXED, POLICY_CODES, Slots
 from vllm_rl.das.state import RequestState, Round, StepRows
@@ -240,7 +240,7 @@ class RequestBook:
             budget_policy=name)
         cols.max_tokens[j], cols.budget[j], cols.generated[j] = max_tokens, b, prior
         cols.policy[j] = POLICY_CODES.get(name, FIXED)
-        cols.rank[j] = policy.CLASSES.index(init)
+        cols.rank[j] = length_classes.CLASSES.index(init)
         cols.class_budget[j] = class_budget
         cols.min_prob[j] = st.min_prob
         cols.force[j] = bool(das.force)

@@ -27,7 +27,7 @@ class Slots:
     next class update), ``est_proposed/accepted/generated`` (Eq. 3's counts),
     ``pend_drafted/accepted`` (counts not yet added to its problem's totals),
     ``problem_key`` (its problem, for per-problem acceptance); ``policy`` and ``rank``
-    (length class, :data:`vllm_rl.das.budget.CLASSES` index) int8, ``min_prob`` float64,
+    (length class, :data:`vllm_rl.das.length_classes.CLASSES` index) int8, ``min_prob`` float64,
     ``done`` bool (sealed at a natural end), ``force`` bool (``das.force``: drafts past
     the batch cap), ``guess_ok`` bool (async lookahead: the last step taken in came out
     as its drafts' lookahead assumed, so the drafts made on it stand); ``epoch`` int64,

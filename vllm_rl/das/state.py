@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from vllm_rl.das import budget as policy
+from vllm_rl.das import length_classes
 from vllm_rl.das.slots import Slots
 from vllm_rl.flags import DasFlags
 
@@ -28,7 +29,7 @@ class RequestState:
     min_prob: float
     slot: int
     slots: Slots = field(repr=False)
-    init_class: str = policy.MEDIUM
+    init_class: str = length_classes.MEDIUM
     stop_ids: frozenset = frozenset()   # token ids that end it (EOS and stop tokens)
     budget_policy: str = "fixed"        # the budget policy (flags, else the engine's)
 
@@ -46,7 +47,7 @@ class RequestState:
 
     @property
     def length_class(self) -> str:
-        return policy.CLASSES[int(self.slots.rank[self.slot])]
+        return length_classes.CLASSES[int(self.slots.rank[self.slot])]
 
     @property
     def est(self) -> policy.AcceptanceEstimate:
