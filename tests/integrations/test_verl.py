@@ -928,9 +928,10 @@ def test_arrol_feedback_trains_calibrates_and_pushes(verl_cluster, rollout_batch
 
 def test_a_failing_registration_is_logged_at_warning():
     """verl swallows a plugin's import error at DEBUG level; ours says why at WARNING."""
-    code = ("import vllm_rl.integrations.verl as v\n"
-            "v.CHECKED = ('0.0.0',)\n"
+    code = ("import vllm_rl.integrations.verl.keys as keys\n"
+            "keys.CHECKED = ('0.0.0',)\n"
             "import verl\n"
+            "import vllm_rl.integrations.verl as v\n"
             "v.check_registered()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
