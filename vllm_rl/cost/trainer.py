@@ -117,30 +117,30 @@ class Topology:
 
 #: The named topologies.  The headline is the first: TRL's colocated mode, trainer and
 #: engine on one H100 with the Qwen3-1.7B shape (the sync a device copy, ~1 TB/s).
-TOPOLOGIES = {
-    "h100x1-colocated:qwen3-1.7b": Topology(
+TOPOLOGIES = {t.name: t for t in (
+    Topology(
         "h100x1-colocated:qwen3-1.7b", "qwen3-1.7b", "h100", 1, True,
         describe="trainer and engine on one H100, one after the other (TRL colocated, "
                  "verl synchronous); Qwen3-1.7B shape; TRL's padding and gradient "
                  "checkpointing"),
-    "h100x1-packed:qwen3-1.7b": Topology(
+    Topology(
         "h100x1-packed:qwen3-1.7b", "qwen3-1.7b", "h100", 1, True, padding="packed",
         describe="trainer and engine on one H100, one after the other, the trainer on "
                  "packed sequences (verl's use_remove_padding) with gradient "
                  "checkpointing; Qwen3-1.7B shape"),
-    "h100x2-split:qwen3-1.7b": Topology(
+    Topology(
         "h100x2-split:qwen3-1.7b", "qwen3-1.7b", "h100", 1, False, sync_gbps=150.0,
         describe="the engine on one H100, the trainer on another, one step overlapped "
                  "(a disaggregated one-step-off-policy trainer); sync by NCCL over NVLink "
                  "(150 GB/s); Qwen3-1.7B shape"),
-    "h100x8-colocated:qwen3-8b": Topology(
+    Topology(
         "h100x8-colocated:qwen3-8b", "qwen3-8b", "h100", 8, True, padding="packed",
         describe="the 8B shape trained over 8 H100s (FSDP, packed sequences as verl's "
                  "remove-padding) colocated with the engine; the rollout priced as one "
                  "engine on one H100 with the whole batch (an upper bound on the "
                  "engine's time: eight replicas would each decode an eighth, and a "
                  "decode step is flat up to tens of sequences)"),
-}
+)}
 
 
 def topology(name: str | Topology) -> Topology:
