@@ -24,11 +24,11 @@ from __future__ import annotations
 import functools
 import threading
 
-from vllm_rl.settings import CPU_ASYNC_KEY
-
 from . import CHECKED, Patch, PatchMismatch
 
 TARGET_CONFIG = "vllm.config.vllm.VllmConfig.__post_init__"
+TARGET_GLOBAL = "vllm.config.vllm.NgramGPUTypes"     # swapped during that one call
+CPU_ASYNC_KEY = "vllm_rl_async_cpu"   # additional_config: keep async scheduling on the CPU
 TARGET_CPU = "vllm.platforms.cpu.CpuPlatform.check_and_update_config"
 _SWAP = threading.Lock()
 
@@ -119,7 +119,7 @@ def _apply_cpu() -> None:
 class DasAsyncConfig(Patch, check=_check_config, apply=_apply_config):
     """A DAS engine that asks for async scheduling keeps it (module docstring)."""
 
-    targets = (TARGET_CONFIG,)
+    targets = (TARGET_CONFIG, TARGET_GLOBAL)
 
 
 class CpuAsyncScheduling(Patch, check=_check_cpu, apply=_apply_cpu):

@@ -157,8 +157,10 @@ def engine_args(model: str | os.PathLike, **kwargs: Any):
 def server_args(das: Any = None, arrol: Any = None, cost: Any = None,
                 trace: bool = False) -> list[str]:
     """The ``vllm serve`` flags that select the RL engine (``das=``: with the DAS drafter;
-    ``arrol=``: with ARRoL's quality head, which also needs ``VLLM_USE_V2_MODEL_RUNNER=0``
-    in the server's environment: ``vllm-rl serve --arrol`` sets it)."""
+    ``arrol=``: with ARRoL's quality head).  The server's environment needs
+    :meth:`~vllm_rl.settings.EngineSettings.env` too (``VLLM_RL_ENGINE=1``, which asks for
+    vllm_rl's patches, and with ARRoL ``VLLM_USE_V2_MODEL_RUNNER=0``): ``vllm-rl serve``
+    sets both."""
     from vllm_rl.settings import EngineSettings
 
     return EngineSettings.of(das=das, arrol=arrol, cost=cost, trace=trace).cli_args()

@@ -117,15 +117,13 @@ def build(argv: list[str], default_model: str | os.PathLike | None = None,
             raise SystemExit(f"{prog}: --stock runs plain vLLM; it takes no --das/--arrol")
         env["VLLM_PLUGINS"] = _plugins(with_vllm_rl=False)
         return rest, env
-    if arrol:       # ARRoL's head: the V1 runner, and its HTTP route (endpoint plugin)
-        from vllm_rl.arrol.config import RUNNER_ENV
+    from vllm_rl.settings import EngineSettings
 
-        env[RUNNER_ENV] = "0"
+    settings = EngineSettings.of(das=das, arrol=arrol)
+    env.update(settings.env())      # the patches; with ARRoL's head, the V1 runner
     env["VLLM_PLUGINS"] = _plugins(with_vllm_rl=True)       # the routes (vllm_rl.endpoint)
     if "--scheduler-cls" not in rest:
-        from vllm_rl.llm import server_args
-
-        rest += server_args(das=das, arrol=arrol)
+        rest += settings.cli_args()
     return rest, env
 
 

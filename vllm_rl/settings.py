@@ -25,12 +25,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_rl.class_paths import SCHEDULER_CLS, SYNC_SCHEDULER_CLS, WORKER_EXTENSION_CLS
+from vllm_rl.arrol.config import RUNNER_ENV
+from vllm_rl.class_paths import (ENGINE_ENV, SCHEDULER_CLS, SYNC_SCHEDULER_CLS,
+                                 WORKER_EXTENSION_CLS)
 from vllm_rl.engine import TRACE_KEY   # additional_config: record each engine step (trace)
+from vllm_rl.patches.config import CPU_ASYNC_KEY   # additional_config: async on vLLM's CPU
+from vllm_rl.plugin import enable
 
 COST_KEY = "vllm_rl_cost"      # additional_config: the StepCost spec (vllm_rl.cost.load_cost)
-RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-CPU_ASYNC_KEY = "vllm_rl_async_cpu"   # additional_config: async scheduling on vLLM's CPU
 
 
 def on_cpu() -> bool:
@@ -98,7 +100,11 @@ class EngineSettings:
     def engine_kwargs(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
         """vLLM engine keywords: ``base`` (a caller's own, which win where they are set,
         e.g. a framework's ``worker_extension_cls`` combining ours) plus the RL engine's.
-        A conflict with what DAS needs raises ValueError naming the keyword."""
+        A conflict with what DAS needs raises ValueError naming the keyword.
+
+        The caller builds an RL engine with them, so this process and the ones it starts
+        get vllm_rl's patches (:func:`vllm_rl.plugin.enable`)."""
+        enable()
         out = dict(base or {})
         extra = self.additional_config()
         if extra:
@@ -135,9 +141,13 @@ class EngineSettings:
         return args + ["--worker-extension-cls", WORKER_EXTENSION_CLS]
 
     def env(self) -> dict[str, str]:
-        """Environment the engine's processes need: ARRoL selects vLLM's V1 model runner
+        """Environment the engine's processes need: vllm_rl's patches
+        (:data:`~vllm_rl.class_paths.ENGINE_ENV`), and with ARRoL vLLM's V1 model runner
         (the one ``patches/model_runner/arrol_capture.py`` patches)."""
-        return {RUNNER_ENV: "0"} if self.arrol is not None else {}
+        env = {ENGINE_ENV: "1"}
+        if self.arrol is not None:
+            env[RUNNER_ENV] = "0"
+        return env
 
 
 __all__ = ["COST_KEY", "CPU_ASYNC_KEY", "EngineSettings", "TRACE_KEY", "on_cpu"]

@@ -322,7 +322,7 @@ def test_phase_cap_drafts_what_the_rule_says_and_vllm_verifies_it(phase_llm, pro
     step's batch, mean context, acceptance estimates and the tree's draft lengths; vLLM
     verifies exactly those drafts in the next step; the tail drafts more per request than
     the bulk."""
-    from vllm_rl.das.caps import phase_budgets
+    from vllm_rl.das.batch_caps import phase_budgets
     from vllm_rl.cost import load_cost
 
     ps = prompts[:16]

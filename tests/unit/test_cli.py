@@ -62,6 +62,7 @@ def test_serve_builds_rl_flags_and_embedded_model():
     assert '"num_speculative_tokens": 4' in spec            # 2b with b = 2
     assert "vllm_rl_arrol" in args[args.index("--additional-config") + 1]
     assert "vllm_rl" in env["VLLM_PLUGINS"].split(",") and env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert env["VLLM_RL_ENGINE"] == "1"                      # the server asks for the patches
     assert "--kv-cache-memory-bytes" in args                 # CPU: a bounded KV cache
 
 
@@ -81,7 +82,7 @@ def test_serve_stock_is_plain_vllm(monkeypatch):
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     args, env = cli_serve.build(["--stock", "--port", "8002"])
     assert not any("vllm_rl" in a for a in args[1:])
-    assert "vllm_rl" not in env["VLLM_PLUGINS"].split(",")
+    assert "vllm_rl" not in env["VLLM_PLUGINS"].split(",") and "VLLM_RL_ENGINE" not in env
     with pytest.raises(SystemExit):
         cli_serve.build(["--stock", "--das"])
 

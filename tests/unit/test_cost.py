@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_rl.darts.budget import rollout_cost
+from vllm_rl.darts.rollout_budget import rollout_cost
 from vllm_rl.cost import OnlineCost, Projection, StepCost, TableCost, load_cost, project
 from vllm_rl.cost import base as cost_base
 from vllm_rl.cost import online as cost_online

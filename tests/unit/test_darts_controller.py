@@ -32,7 +32,7 @@ from vllm_rl.flags import KEY, normalize, parse
 
 
 def test_no_vllm_import():
-    code = "import sys, vllm_rl.darts.controller, vllm_rl.darts.budget; assert 'vllm' not in sys.modules"
+    code = "import sys, vllm_rl.darts.controller, vllm_rl.darts.rollout_budget; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -350,7 +350,7 @@ def test_cost_slope_positive_with_fitted_curve():
 
 
 def test_predicted_step_cost_and_budget_choice():
-    from vllm_rl.darts.budget import choose_budget, predicted_step_cost
+    from vllm_rl.darts.rollout_budget import choose_budget, predicted_step_cost
 
     flat = lambda b: 1.0                                        # noqa: E731  compute-free
     # one prompt, M = 1: with 2 samples the group stops at the shorter one
@@ -375,7 +375,7 @@ def test_predicted_step_cost_and_budget_choice():
 def test_dual_end_groups_never_stop_early():
     """Alg. 2: only a saturated (shortest-only) group stops at its M-th shortest valid
     sample; a dual-end group keeps its longest and runs every sample to its end."""
-    from vllm_rl.darts.budget import predicted_step_cost
+    from vllm_rl.darts.rollout_budget import predicted_step_cost
 
     flat = lambda b: 1.0                                        # noqa: E731
     lengths = [[2.0, 10.0]]
@@ -388,7 +388,7 @@ def test_dual_end_groups_never_stop_early():
 def test_draws_price_the_group_that_never_stops():
     """With many groups, one of them failing to get M valid samples sets the step's
     length; the quantile reading never sees it, the seeded draws do, deterministically."""
-    from vllm_rl.darts.budget import choose_budget, predicted_step_cost
+    from vllm_rl.darts.rollout_budget import choose_budget, predicted_step_cost
 
     linear = lambda b: 1.0 + 0.01 * b                           # noqa: E731
     # 64 prompts, each with 2 of 8 last samples at the limit (512)
@@ -449,7 +449,7 @@ def test_planner_default_is_eq_8_9_with_lambda_calibrated_once():
 
     from vllm_rl.cost import load_cost
     from vllm_rl.darts import DartsPlanner
-    from vllm_rl.darts.budget import adaptive_budget, cost_slope
+    from vllm_rl.darts.rollout_budget import adaptive_budget, cost_slope
 
     ids = list(range(16))
     planner = DartsPlanner(8, max_tokens=512, guard=False)

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from vllm_rl.das.budget import AcceptanceEstimate, estimate_k, estimate_k_many
+from vllm_rl.das.budget_model import AcceptanceEstimate, estimate_k, estimate_k_many
 from vllm_rl.das.store import ProblemTrees
 from vllm_rl.das.tree import SuffixTree, TreeTable, draft_lists, feed_and_draft
 

@@ -1,4 +1,4 @@
-"""DAS length-aware draft budget (vllm_rl.das.budget): pure Python, no engine."""
+"""DAS length-aware draft budget (vllm_rl.das.budget_model): pure Python, no engine."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from vllm_rl.das.length_classes import CLASSES, LONG, MEDIUM, SHORT, LengthClasses
-from vllm_rl.das.budget import (
+from vllm_rl.das.budget_model import (
     AcceptanceEstimate,
     accepted_tokens,
     chain_acceptance,
@@ -22,11 +22,11 @@ from vllm_rl.das.budget import (
     remaining_passes,
     step_budget,
 )
-from vllm_rl.das.caps import batch_cap, break_even_batch
+from vllm_rl.das.batch_caps import batch_cap, break_even_batch
 
 
 def test_no_vllm_import():
-    code = "import sys, vllm_rl.das.budget; assert 'vllm' not in sys.modules"
+    code = "import sys, vllm_rl.das.budget_model; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -528,7 +528,7 @@ def test_break_even_batch():
 
 
 def test_cost_cap_drafts_where_widening_is_cheap():
-    from vllm_rl.das.caps import chain_accepted, cost_cap
+    from vllm_rl.das.batch_caps import chain_accepted, cost_cap
     from vllm_rl.cost import load_cost
 
     assert chain_accepted(0.5, 3) == pytest.approx(0.875)
@@ -568,7 +568,7 @@ def test_phase_budgets_against_brute_force():
     smallest such split)."""
     from itertools import product
 
-    from vllm_rl.das.caps import chain_accepted, phase_budgets, phase_ms_per_token
+    from vllm_rl.das.batch_caps import chain_accepted, phase_budgets, phase_ms_per_token
 
     rng = random.Random(7)
     for _ in range(1500):
@@ -603,7 +603,7 @@ def test_phase_budgets_off_in_the_bulk_full_in_the_tail():
     """On the H100 table: at q = 0.5 a batch of 1024 drafts nothing, 256 at most one token
     per request, and a tail of 16 or fewer drafts most of the 2b = 8 budget; at q = 0.8
     the tail drafts the full budget.  Drafts per request never grow with the batch."""
-    from vllm_rl.das.caps import phase_budgets
+    from vllm_rl.das.batch_caps import phase_budgets
 
     def per_row(batch, q):
         return sum(phase_budgets(_h100_step(batch), batch, [q] * batch, [8] * batch)) / batch
@@ -620,7 +620,7 @@ def test_phase_budgets_off_in_the_bulk_full_in_the_tail():
 def test_phase_budgets_draft_where_acceptance_is_high():
     """In a mixed bulk step the drafts go to the requests whose drafts get accepted: the
     length is non-decreasing in q; near-certain drafts still pay at B = 256."""
-    from vllm_rl.das.caps import phase_budgets
+    from vllm_rl.das.batch_caps import phase_budgets
 
     q = [0.2, 0.5, 0.8, 0.95] * 64
     ks = phase_budgets(_h100_step(256), 256, q, [8] * 256)
@@ -631,7 +631,7 @@ def test_phase_budgets_draft_where_acceptance_is_high():
 
 
 def test_phase_budgets_caps_and_edges():
-    from vllm_rl.das.caps import phase_budgets
+    from vllm_rl.das.batch_caps import phase_budgets
 
     step = _h100_step(4)
     assert phase_budgets(step, 4, [0.9, 0.9, 0.0, 0.9], [8, 3, 8, 0]) == [8, 3, 0, 0]
@@ -646,7 +646,7 @@ def test_phase_budgets_caps_and_edges():
 
 
 def test_phase_budgets_bad_arguments():
-    from vllm_rl.das.caps import phase_budgets, phase_ms_per_token
+    from vllm_rl.das.batch_caps import phase_budgets, phase_ms_per_token
 
     step = _h100_step(4)
     for args, name in (((step, 4, [0.5], [8, 8]), "caps"),
@@ -667,7 +667,7 @@ def test_few_names_the_requests_of_a_small_share_of_rows():
     rows (the scheduler gives only those placeholders); else None, every DAS sample."""
     import numpy as np
 
-    from vllm_rl.das.budgeting import _few
+    from vllm_rl.das.draft_lengths import _few
 
     ids = ["a", "b", "c", "d"]
     assert _few(ids, np.array([False, True, False, False]), 4) == frozenset({"b"})

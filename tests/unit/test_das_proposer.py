@@ -203,7 +203,7 @@ def _phase_proposer():
 
 def _rule(p, decision):
     """What das.caps.phase_budgets says for a logged decision (same table, same inputs)."""
-    from vllm_rl.das.caps import phase_budgets
+    from vllm_rl.das.batch_caps import phase_budgets
 
     curve = [p.cost.uniform_ms(decision["batch"], 1 + k, decision["context"]) for k in range(9)]
     return phase_budgets(curve.__getitem__, decision["batch"], list(decision["q"]),
@@ -235,7 +235,7 @@ def test_phase_cap_drafts_the_rules_length_in_the_tail():
 def test_phase_cap_is_off_in_a_wide_batch_and_probes():
     """600 running requests at the prior acceptance 0.5: no request drafts (the tree is not
     asked) until PROBE_EVERY such steps, then PROBE_ROWS requests draft once."""
-    from vllm_rl.das.budgeting import PROBE_EVERY, PROBE_ROWS
+    from vllm_rl.das.draft_lengths import PROBE_EVERY, PROBE_ROWS
 
     p, runner = _phase_proposer(), Runner()
     rows = [f"r{i}" for i in range(600)]

@@ -455,7 +455,7 @@ def test_the_graph_sees_every_kind_of_import():
 def test_the_rule():
     assert violates("vllm_rl.flags", "vllm_rl.darts.rule")            # core -> technique
     assert violates("vllm_rl.darts.rule", "vllm_rl.duet.rule")        # technique -> technique
-    assert not violates("vllm_rl.darts.rule", "vllm_rl.darts.budget")
+    assert not violates("vllm_rl.darts.rule", "vllm_rl.darts.rollout_budget")
     assert not violates("vllm_rl.arrol.scorer", "vllm_rl.kernels.arrol_head")
     assert violates("vllm_rl.engine.trace", "vllm_rl.settings")
     assert not violates("vllm_rl.settings", "vllm_rl.engine.trace")
@@ -466,11 +466,11 @@ def test_the_rule():
     assert not violates("vllm_rl.cli.serve", "vllm_rl.task")
 
 
-def test_every_technique_folder_has_a_rule_or_drafter_and_a_controller_or_budget():
+def test_every_technique_folder_has_a_rule_or_drafter_and_a_controller_or_budget_model():
     for unit in LAYERS[2][1]:
         folder = ROOT / Path(*unit.split("."))
         names = {p.stem for p in folder.glob("*.py")}
-        assert names & {"rule", "drafter"} and names & {"controller", "budget"}, unit
+        assert names & {"rule", "drafter"} and names & {"controller", "budget_model"}, unit
 
 
 def _listed(doc: str, tag: str) -> str:

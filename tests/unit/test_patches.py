@@ -4,6 +4,7 @@
 sees); ``check(tree)`` reads any release's files (tests/unit/test_compat_check.py mutates them).
 """
 import inspect
+import os
 
 import pytest
 import vllm
@@ -73,17 +74,39 @@ def test_apply_twice_wraps_once():
     assert all(applied(p) for p in patches.all_patches())
 
 
-def test_plugin_is_registered_and_applies_the_patches():
+def test_plugin_is_registered_and_patches_only_where_asked(monkeypatch):
     from importlib.metadata import entry_points
 
     from vllm.v1.engine.input_processor import InputProcessor
 
-    from vllm_rl.plugin import register
+    from vllm_rl import plugin
 
     assert any(e.value == "vllm_rl.plugin:register"
                for e in entry_points(group="vllm.general_plugins"))
-    register()
+    calls = []
+    monkeypatch.setattr(patches, "apply_all", lambda: calls.append(1))
+    monkeypatch.delenv(plugin.ENGINE_ENV, raising=False)
+    plugin.register()                       # a process that did not ask: nothing
+    assert calls == []
+    monkeypatch.setenv(plugin.ENGINE_ENV, "1")
+    plugin.register()
+    assert calls == [1]
+    monkeypatch.undo()
+    monkeypatch.delenv(plugin.ENGINE_ENV, raising=False)
+    plugin.enable()                         # the RL engine's factories: asked, and applied
+    assert os.environ[plugin.ENGINE_ENV] == "1"
     assert applied(FlagsAdmission) and InputProcessor.process_inputs.__wrapped__
+
+
+def test_rl_scheduler_refuses_a_process_without_the_patches(monkeypatch):
+    from vllm_rl.engine.scheduler import check_patched
+    from vllm_rl.plugin import ENGINE_ENV
+
+    monkeypatch.delenv(ENGINE_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=ENGINE_ENV):
+        check_patched()
+    monkeypatch.setenv(ENGINE_ENV, "1")
+    check_patched()
 
 
 def test_check_fails_loudly_on_a_changed_target(monkeypatch):

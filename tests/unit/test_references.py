@@ -273,14 +273,14 @@ def test_the_checker_finds_stale_references():
     drafter = graph().modules["vllm_rl.das.drafter"]
     assert check_role("length_classes.LengthClasses", drafter)  # an imported module
     assert check_role("policy.estimate_k_many",                   # an import alias
-                      graph().modules["vllm_rl.das.budgeting"])
-    assert check_role(".caps.cost_cap", drafter)
-    assert check_role("~.caps.no_such_cap", drafter) is False
+                      graph().modules["vllm_rl.das.draft_lengths"])
+    assert check_role(".batch_caps.cost_cap", drafter)
+    assert check_role("~.batch_caps.no_such_cap", drafter) is False
     assert check_role("vllm.LLM", drafter) is None              # not ours
     common = graph().modules["vllm_rl.integrations.common"]
     assert check_role(".marks", common, "mod")
     assert check_role(".feedback", common, "mod") is False
-    assert check_role("vllm_rl.das.caps.cost_cap", common, "mod") is False
+    assert check_role("vllm_rl.das.batch_caps.cost_cap", common, "mod") is False
     marks = graph().modules["vllm_rl.integrations.common.marks"]
     text = "(:func:`vllm_rl.outcome.annotate_group`) and ``darts.rule.nothing`` " \
            "{\"vllm_rl.darts.mode\": 1}"

@@ -327,7 +327,7 @@ def test_engine_settings_give_the_same_engine_as_keywords_and_as_cli_flags():
                 "additional_config"):
         assert getattr(parsed, key) == kwargs[key], key
     assert parsed.speculative_config == kwargs["speculative_config"]
-    assert settings.env() == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert settings.env() == {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_RL_ENGINE": "1"}
     sync = EngineSettings.of(das={"budget": 2, "async_scheduling": False})
     with pytest.raises(ValueError, match="async_scheduling"):
         sync.engine_kwargs({"async_scheduling": True})

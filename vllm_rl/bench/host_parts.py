@@ -46,7 +46,7 @@ TIMED = (
     ("_feed (counts, natural ends)", "vllm_rl.das.requests", "RequestBook", "_feed"),
     ("_plan", "vllm_rl.das.async_drafts", "AsyncDrafts", "_plan"),
     ("_admit (admissions)", "vllm_rl.das.requests", "RequestBook", "_admit"),
-    ("_decide (budgets, cap)", "vllm_rl.das.budgeting", "DraftBudgets", "_decide"),
+    ("_decide (budgets, cap)", "vllm_rl.das.draft_lengths", "DraftBudgets", "_decide"),
     ("_tree_call", "vllm_rl.das.async_drafts", "AsyncDrafts", "_tree_call"),
     ("_take_guess", "vllm_rl.das.async_drafts", "AsyncDrafts", "_take_guess"),
     ("_retire (departures)", "vllm_rl.das.requests", "RequestBook", "_retire"),

@@ -64,8 +64,12 @@ def standalone_scheduler(cls, max_num_seqs: int, max_model_len: int, num_blocks:
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
+    from vllm_rl.engine.scheduler import RLSchedulerMixin
+    from vllm_rl.plugin import enable
     from vllm_rl.task import MODEL_PATH
 
+    if issubclass(cls, RLSchedulerMixin):
+        enable()            # an RL scheduler: this process asks for vllm_rl's patches
     model = ModelConfig(model=str(MODEL_PATH), dtype="float32", seed=0,
                         max_model_len=max_model_len)
     spec = None if speculative is None else SpeculativeConfig(

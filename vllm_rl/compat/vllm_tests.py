@@ -38,6 +38,7 @@ import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from vllm_rl.class_paths import ENGINE_ENV
 from vllm_rl.compat.check import default_cache
 
 #: The sdist's files the tests need: the scheduler tests, their helpers and packages.
@@ -143,7 +144,8 @@ def hub_cache(cache: Path) -> Path:
 def run_pass(src: Path, hub: Path, rl: bool, report: Path) -> dict[str, str]:
     """One pytest run of :data:`TESTS` in ``src``: each test's outcome by node id."""
     env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", SWAP_ENV: "1" if rl else "0"}
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", SWAP_ENV: "1" if rl else "0",
+           ENGINE_ENV: "1" if rl else "0"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
            "-p", "vllm_rl.compat.vllm_tests", f"--junitxml={report}", "-W", "ignore", *TESTS]
     print(f"$ {'RL' if rl else 'stock'}: {' '.join(cmd[1:])}", file=sys.stderr)

@@ -7,7 +7,7 @@ views the controllers need:
 
 * DARTS (App. A, Eq. 4) costs a rollout with the per-token latency curve PTL(B), the
   time of one decode step at batch B: :meth:`StepCost.ptl` returns it, the one PTL the
-  project plans with (:mod:`vllm_rl.darts.budget`'s ``rollout_cost`` / ``cost_slope``).
+  project plans with (:mod:`vllm_rl.darts.rollout_budget`'s ``rollout_cost`` / ``cost_slope``).
 * DAS (Sec. 4.2.1, Eq. 1-2) costs a forward pass as T = c_base + c_tok · tokens; that
   is :class:`OnlineCost`'s a + b·T (plus c·A for attention work, A = Σ wᵢ(cᵢ + wᵢ)),
   fitted online to the engine's own steps.  :meth:`StepCost.verify_extra_ms` is the

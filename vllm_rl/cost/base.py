@@ -101,7 +101,7 @@ class StepCost(abc.ABC):
 
     def ptl(self, context: float = 256) -> Callable[[int], float]:
         """PTL(B) of DARTS (App. A, Eq. 4): the time of a decode step at batch B, the one
-        PTL the project plans with (:mod:`vllm_rl.darts.budget`'s ``rollout_cost``,
+        PTL the project plans with (:mod:`vllm_rl.darts.rollout_budget`'s ``rollout_cost``,
         ``cost_slope``)."""
         context = _check_real("context", context, lo=0.0)
         return lambda b: self.uniform_ms(b, 1, context)

@@ -6,11 +6,11 @@ stopped as soon as they are known.
 
 In the engine: :mod:`.rule` (the exact shortest-M early stop, the selections).  On the
 trainer's side: :mod:`.controller` (length statistics, Alg. 1's allocation, Alg. 2's
-switch, :class:`~.controller.DartsPlanner`) and :mod:`.budget` (Eq. 4, 6, 8-9).  The public
+switch, :class:`~.controller.DartsPlanner`) and :mod:`.rollout_budget` (Eq. 4, 6, 8-9).  The public
 names of these modules are importable from the package itself (lazily).
 """
 from __future__ import annotations
 
 from vllm_rl.lazy import exports
 
-__getattr__ = exports(__name__, ("rule", "controller", "budget"))
+__getattr__ = exports(__name__, ("rule", "controller", "rollout_budget"))

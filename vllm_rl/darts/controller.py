@@ -2,7 +2,7 @@
 
 Each step the trainer (DARTS paper, Sec. 4.2-4.3.1, App. B-D):
 
-1. sets the total redundancy budget (App. B, Eq. 8-9: :mod:`.budget`), or a fixed share
+1. sets the total redundancy budget (App. B, Eq. 8-9: :mod:`.rollout_budget`), or a fixed share
    of it;
 2. splits it over the batch by each prompt's smoothed length std (Eq. 5 / 10, Alg. 1):
    :func:`allocate`, from :class:`LengthStats`;
@@ -294,7 +294,7 @@ def plan(prompt_ids: Sequence[Hashable], stats: LengthStats, M: int, lam: float,
     if K > M:
         raise ValueError(f"K must be in [0, M] = [0, {M}], got {K}")
     m_up = 2 * M
-    from vllm_rl.darts.budget import adaptive_budget
+    from vllm_rl.darts.rollout_budget import adaptive_budget
 
     total = adaptive_budget(stats.rho(), lam, k_cost, M, len(ids))
     allocation = allocate([stats.std(pid) for pid in ids], total, M, m_up)
@@ -316,18 +316,18 @@ class DartsPlanner:
        dataset-level EMAs of the lengths (:meth:`LengthStats.rho`, Eq. 7) and k_t the
        slope of Eq. 6's cost line, fitted on the step-cost model's PTL (``cost``: the
        shipped H100 table by default, any :func:`vllm_rl.cost.load_cost` spec) over the
-       last step's lengths at this step's N (:func:`.budget.cost_slope`).  The paper
+       last step's lengths at this step's N (:func:`.rollout_budget.cost_slope`).  The paper
        gives no λ; unless ``lam`` is given it is calibrated once, on the first step with
        lengths, so that this step's M_total is App. B's observed mean 1.5 MN
-       (:func:`.budget.lambda_for_budget`); after that the total follows ρ_t / k_t.
+       (:func:`.rollout_budget.lambda_for_budget`); after that the total follows ρ_t / k_t.
        1.5 MN (:attr:`COLD_BUDGET`) is the cold start, the first step only.  That is the
        paper's algorithm and the default.  The project's option ``guard=True`` adds one
        guard on top (off by default: the paper's shaping pays across steps, Sec. 4.2.2,
        which a one-step cost model cannot see): where the step-cost model predicts the
        plan's step slower than the same step with no redundancy
-       (:func:`.budget.choose_budget` of the two: Eq. 4 at the batch still running, a
+       (:func:`.rollout_budget.choose_budget` of the two: Eq. 4 at the batch still running, a
        dual-end group running all its samples, a saturated one stopping at its M-th
-       valid end, the mean over :data:`.budget.DRAWS` seeded draws; prompts not seen
+       valid end, the mean over :data:`.rollout_budget.DRAWS` seeded draws; prompts not seen
        yet take the last step's pooled lengths), the step runs at 1.0 MN: DARTS is off
        for it, as on a full batch.  With ``max_live`` (the engine's ``max_num_seqs``)
        a total whose samples would not all run at once is cut to the most that do.
@@ -425,9 +425,9 @@ class DartsPlanner:
 
     def _cheapest(self, ids: list, budgets: Sequence[float]) -> tuple[float, float]:
         """The budget among ``budgets`` whose plan the step-cost model predicts cheapest
-        (:func:`.budget.choose_budget`), with its predicted cost; a prompt with no
+        (:func:`.rollout_budget.choose_budget`), with its predicted cost; a prompt with no
         lengths yet takes the last step's pooled ones."""
-        from vllm_rl.darts.budget import DRAWS, choose_budget
+        from vllm_rl.darts.rollout_budget import DRAWS, choose_budget
 
         lengths = [self._last.get(pid) or self._recent for pid in ids]
         context = statistics.fmean(x for ls in lengths for x in ls) / 2
@@ -439,7 +439,7 @@ class DartsPlanner:
     def _adaptive(self, ids: list) -> tuple[float, float]:
         """Eq. 8-9's total as a multiple of MN (see the class docstring), and whether the
         cost guard decided it (1.0) or not (0.0)."""
-        from vllm_rl.darts.budget import adaptive_budget, cost_slope, lambda_for_budget
+        from vllm_rl.darts.rollout_budget import adaptive_budget, cost_slope, lambda_for_budget
 
         rho = self.stats.rho()
         if not ids or not self._recent or rho <= 0.0:

@@ -6,13 +6,13 @@ step-cost curve.
 - :mod:`.tree`: the Python face of the C++ suffix tree (``vllm_rl._C``, ``csrc/``);
 - :mod:`.store`: one tree per problem, a sliding window of rollouts, a global token cap;
 - :mod:`.drafter`: :class:`~.drafter.DASProposer`, vLLM's ``custom_class`` proposer, and
-  its parts: :mod:`.requests` (admission, counts, sealing), :mod:`.budgeting` (budgets and
+  its parts: :mod:`.requests` (admission, counts, sealing), :mod:`.draft_lengths` (budgets and
   the batch cap), :mod:`.async_drafts` (drafting under async scheduling, the lookahead,
   with :mod:`.hypotheses`: the drafts for each outcome of the step in flight), their
   state in :mod:`.state`;
-- :mod:`.slots`: the drafter's running requests as numpy columns (one batched step);
-- :mod:`.budget`: length classes (Sec. 4.2.3) and the budget model (Eq. 3-7);
-- :mod:`.caps`: where drafting pays by batch size (Sec. 4.2.1, the step-cost model);
+- :mod:`.request_columns`: the drafter's running requests as numpy columns (one batched step);
+- :mod:`.budget_model`: length classes (Sec. 4.2.3) and the budget model (Eq. 3-7);
+- :mod:`.batch_caps`: where drafting pays by batch size (Sec. 4.2.1, the step-cost model);
 - :mod:`.config`: :class:`~.config.DASConfig` and the engine keywords it implies;
 - :mod:`.worker`: ``das_prebuild`` / ``das_clear`` / ``das_stats`` / ``das_phase``.
 
@@ -23,4 +23,4 @@ from __future__ import annotations
 
 from vllm_rl.lazy import exports
 
-__getattr__ = exports(__name__, ("tree", "budget", "caps", "store", "config"))
+__getattr__ = exports(__name__, ("tree", "budget_model", "batch_caps", "store", "config"))

@@ -49,17 +49,17 @@ class DASConfig:
     derives it from the engine's step-cost model (``vllm_rl.LLM(cost=...)``,
     :mod:`vllm_rl.cost`; fitted online when none is named): each step drafts the length
     that makes the step cheapest per generated token at its batch size and context
-    (:func:`vllm_rl.das.caps.cost_cap`), one length for every request from the
+    (:func:`vllm_rl.das.batch_caps.cost_cap`), one length for every request from the
     engine's recent acceptance, so a memory-bound GPU drafts at full budget on small
     batches and not at all on a full one.  ``batch_cap="phase"`` makes the same choice
-    per request (:func:`vllm_rl.das.caps.phase_budgets`): each request's length from
+    per request (:func:`vllm_rl.das.batch_caps.phase_budgets`): each request's length from
     its own acceptance estimate (Eq. 3's k, shrunk toward its problem's and the
     engine's) and the tree's actual draft, minimising the step's expected time per
     generated token; drafting is off or short in the bulk of a rollout step and at full
     budget in its tail.  ``batch_cap="confidence"`` drafts every row's budget and cuts
     each draft where the tree's probability that it holds (with ``prior`` λ) falls
     below the price of one more draft token at the step's batch and context on the
-    step-cost model (:meth:`vllm_rl.das.budgeting.DraftBudgets._draft_price`): long
+    step-cost model (:meth:`vllm_rl.das.draft_lengths.DraftBudgets._draft_price`): long
     drafts on a small batch, only the likely ones on a wide one, decided on the cost
     model and the trees alone.  ``batch_cap="linear"`` is the fixed rule: full budget up to
     ``full_batch`` running requests, scaled down linearly above, off at ``off_batch``

@@ -9,7 +9,7 @@ its own window of at least that many tokens: the prompt's tail at admission, the
 tokens it gets at each step.  A draft from a window equals the draft from the whole
 context (``tests/unit/test_das_context.py``).
 
-Rows are the drafter's slots (:class:`~vllm_rl.das.slots.Slots`); appending a step's
+Rows are the drafter's slots (:class:`~vllm_rl.das.request_columns.Slots`); appending a step's
 tokens is a few array operations for all rows.
 """
 from __future__ import annotations

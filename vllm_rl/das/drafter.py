@@ -24,12 +24,12 @@ Per step, for each request whose flags have a ``das`` section:
    from online estimates of their acceptance (Eq. 3) and remaining length;
    ``"fixed"`` always drafts 2b.  The batch cap then decides how much of it the step
    drafts (drafting stops paying on a big batch, Sec. 4.2.1): ``"phase"``
-   (:func:`vllm_rl.das.caps.phase_budgets`, :meth:`DASProposer._phase`) gives each
+   (:func:`vllm_rl.das.batch_caps.phase_budgets`, :meth:`DASProposer._phase`) gives each
    request the length that makes the next step cheapest per generated token on the
    engine's step-cost model, from its own acceptance estimate (Eq. 3's k): off or short
    in the bulk of a rollout step, the full budget in its tail; ``"cost"`` one length
-   for all (:func:`vllm_rl.das.caps.cost_cap`); ``"linear"`` a fixed scale
-   (:func:`vllm_rl.das.caps.batch_cap`).
+   for all (:func:`vllm_rl.das.batch_caps.cost_cap`); ``"linear"`` a fixed scale
+   (:func:`vllm_rl.das.batch_caps.batch_cap`).
 4. *Draft*: the most frequent continuation of the longest context suffix that the
    tree has seen continued (the rollout itself is in the tree, so its own last
    occurrence never continues: the C++ draft backs off, by bisection, to the longest
@@ -38,20 +38,20 @@ Per step, for each request whose flags have a ``das`` section:
 Host cost.  Steps 1 and 4 for every row are one C++ call without the GIL
 (:meth:`vllm_rl.das.store.ProblemTrees.feed_and_draft`): every growing rollout is
 extended, then every row drafts from the trees as fed, with its own budget and
-``min_prob``.  The per-request state is numpy columns (:class:`.slots.Slots`), so the
+``min_prob``.  The per-request state is numpy columns (:class:`.request_columns.Slots`), so the
 Python work of a step is a fixed number of array operations plus C-level ``map`` passes
 over vLLM's lists (the row -> request lookup, flattening ``sampled_token_ids``).
 Python runs per request only where it is amortised: a request's admission, its natural
 end (stop token, ``max_tokens``: it is sealed in the store), its length-class check
-every :data:`~.budgeting.CLASS_CHECK_EVERY` tokens (``policy="class"``), its departure.  Two
+every :data:`~.draft_lengths.CLASS_CHECK_EVERY` tokens (``policy="class"``), its departure.  Two
 settings stay per request per step: ``policy="optimal"`` (Eq. 6-7 fits (k, alpha) and
 the expected remaining length per request in Python, ~10-20 µs per optimal request)
 and ``batch_cap="phase"`` (the acceptance estimates are one vectorised bisection, but
-:func:`vllm_rl.das.caps.phase_budgets` is a heap over the distinct (q, cap) pairs,
+:func:`vllm_rl.das.batch_caps.phase_budgets` is a heap over the distinct (q, cap) pairs,
 ~1-3 µs per drafting request).  ``python -m vllm_rl.bench.das_host`` measures it.
 
 The drafter's parts: :mod:`.requests` (admission, each step's counts, natural ends,
-sealing, rounds), :mod:`.budgeting` (step 3: budgets and the batch cap, one cap chosen at
+sealing, rounds), :mod:`.draft_lengths` (step 3: budgets and the batch cap, one cap chosen at
 construction), :mod:`.async_drafts` (vLLM's async scheduling: the drafts of step n + 1
 made while step n runs, on a guess of its outcome: nothing on the step's path), their
 typed state in :mod:`.state`; the trees are :mod:`.store` over the C++ ``_C``.
@@ -60,7 +60,7 @@ Requests without ``das`` flags get no draft and decode as on a stock engine.  A 
 (one rollout batch) ends when no DAS request is left; its N_fwd, the most forward
 passes any of its requests took (Eq. 4: the passes the batch needs), feeds T_short
 (Sec. 4.2.3).  Classes are re-evaluated every
-:data:`~.budgeting.CLASS_CHECK_EVERY` tokens.
+:data:`~.draft_lengths.CLASS_CHECK_EVERY` tokens.
 """
 from __future__ import annotations
 
@@ -77,10 +77,10 @@ from vllm_rl.cost import load_cost
 from vllm_rl.cost.host import WORKER as HOST     # the drafter's host time, for the trace
 from vllm_rl.das import length_classes
 from vllm_rl.das.async_drafts import AsyncDrafts
-from vllm_rl.das.budgeting import DraftBudgets
+from vllm_rl.das.draft_lengths import DraftBudgets
 from vllm_rl.das.config import DASConfig
 from vllm_rl.das.requests import RequestBook
-from vllm_rl.das.slots import Slots
+from vllm_rl.das.request_columns import Slots
 from vllm_rl.das.state import Round, StepRows
 from vllm_rl.das.store import ProblemTrees
 from vllm_rl.das.tree import draft_lists

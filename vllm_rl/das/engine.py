@@ -9,7 +9,7 @@ speculative requests), and the accepted ones a sample keeps (not past a stop) ar
 at its update (:func:`keep_accepted`).
 
 When DAS switched itself off: the drafter's cost cap turns drafting off for the whole
-batch where verification would cost more than it saves (:mod:`vllm_rl.das.caps`).  The
+batch where verification would cost more than it saves (:mod:`vllm_rl.das.batch_caps`).  The
 scheduler counts the engine steps in which DAS samples were in the engine and none was
 verified on a draft (:class:`QuietSteps`); each sample's record says how many of them
 fell in its life (``draft_off_steps``) and in how many steps it was itself verified on

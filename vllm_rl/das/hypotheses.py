@@ -47,7 +47,7 @@ seen only d_{a+1} there gives the outcome chance 0), and for an x of a shorter s
 its count among that suffix's continuations not found before, over their total plus
 λ, times λ / (total + λ) of each longer suffix searched.  L is the number of leading slots
 whose chance reaches the row's cutoff: the rule by which the confidence cap
-(:mod:`.budgeting`) prices drafts, a slot's acceptance against its price.  Each
+(:mod:`.draft_lengths`) prices drafts, a slot's acceptance against its price.  Each
 hypothesis drafts while c_h stays at the cutoff (a token below it adds less than the
 cutoff to any slot's sum) and is cut to L.  Taking the largest single term instead of
 the sum verified fewer slots and was slower with DUET and ARRoL

@@ -6,7 +6,7 @@ average of the batch's forward steps (T_short) and the midpoint T_med = (T_short
 seq_len) / 2; a request starts in the class most of its problem's past rollouts fell in
 (Init_r) and is promoted at runtime from the posterior P(class | length so far, Init_r)
 estimated from history: :class:`LengthClasses`.  The budget each class gets is
-:mod:`.budget`'s.  Pure Python, stdlib only.
+:mod:`.budget_model`'s.  Pure Python, stdlib only.
 
 Typical use in the engine::
 

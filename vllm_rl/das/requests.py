@@ -2,7 +2,7 @@
 
 A request is admitted the first time the drafter sees it in the runner (its flags read
 once, :func:`vllm_rl.flags.read_or_warn`; a reused request id is a new rollout), takes a
-row of :class:`~.slots.Slots` and starts a rollout in its problem's tree
+row of :class:`~.request_columns.Slots` and starts a rollout in its problem's tree
 (:mod:`.store`).  Per step, over the step's rows as arrays (:class:`~.state.StepRows`):
 Eq. 3's counts of the drafts each row was verified on (:meth:`RequestBook._verify`),
 its new tokens counted for the step's tree call and its natural end found (a stop
@@ -32,7 +32,7 @@ from vllm.logger import init_logger
 
 from vllm_rl.das import length_classes
 from vllm_rl.das.config import default_problem_id
-from vllm_rl.das.slots import FIXED, POLICY_CODES, Slots
+from vllm_rl.das.request_columns import FIXED, POLICY_CODES, Slots
 from vllm_rl.das.state import RequestState, Round, StepRows
 from vllm_rl.flags import RLFlags, read_or_warn
 
@@ -416,7 +416,7 @@ class _Admissions:
 
 
 class _Columns:
-    """The :class:`~.slots.Slots` columns of one batch of admissions, filled per request
+    """The :class:`~.request_columns.Slots` columns of one batch of admissions, filled per request
     by :meth:`RequestBook._start` and written at once (:meth:`write`); with each one's
     stop ids and prompt (its context window starts with the prompt's last
     ``max_depth`` tokens)."""

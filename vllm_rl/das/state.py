@@ -1,7 +1,7 @@
 """The DAS drafter's typed state: a running request, a rollout round, one phase-cap
 decision, and one step's rows as arrays (what :class:`~.drafter.DASProposer` and its
-parts, :mod:`.requests`, :mod:`.budgeting` and :mod:`.async_drafts`, pass each other).
-The per-request counters live in :class:`~.slots.Slots` columns; :class:`RequestState`
+parts, :mod:`.requests`, :mod:`.draft_lengths` and :mod:`.async_drafts`, pass each other).
+The per-request counters live in :class:`~.request_columns.Slots` columns; :class:`RequestState`
 is a request's fixed part and a view of its row."""
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from vllm_rl.das import budget as policy
+from vllm_rl.das import budget_model as policy
 from vllm_rl.das import length_classes
-from vllm_rl.das.slots import Slots
+from vllm_rl.das.request_columns import Slots
 from vllm_rl.flags import DasFlags
 
 
 @dataclass
 class RequestState:
     """One DAS request as the drafter tracks it: what is fixed at admission here, its
-    counters in row ``slot`` of the drafter's :class:`~.slots.Slots` (the properties)."""
+    counters in row ``slot`` of the drafter's :class:`~.request_columns.Slots` (the properties)."""
 
     problem: str
     seq: int

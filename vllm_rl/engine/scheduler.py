@@ -56,6 +56,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_rl.arrol import engine as arrol
 from vllm_rl.arrol.config import check_runner
+from vllm_rl.class_paths import ENGINE_ENV, patches_asked
 from vllm_rl.darts import rule as darts
 from vllm_rl.das import engine as das
 from vllm_rl.das.config import DASConfig
@@ -75,11 +76,24 @@ logger = init_logger(__name__)
 EARLY_END_STATUS = RequestStatus.FINISHED_ABORTED
 
 
+def check_patched() -> None:
+    """Refuse to start the RL scheduler in a process that was not asked for vllm_rl's
+    patches (``vllm_rl.plugin``): its flags would not be admitted, nor its records
+    carried, and the engine would look like the RL engine while running vLLM's code."""
+    if not patches_asked():
+        raise RuntimeError(
+            f"vllm_rl's scheduler runs only in an RL engine: set {ENGINE_ENV}=1 in the "
+            "environment of the process that starts this engine (vllm_rl.LLM, "
+            "vllm_rl.engine_args and vllm-rl serve set it; by hand: "
+            f"{ENGINE_ENV}=1 vllm serve ... $(vllm_rl.server_args(...)))")
+
+
 class RLSchedulerMixin(TraceMixin):
     """The RL logic, over either of vLLM's schedulers (every override calls vLLM's own)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        check_patched()                     # vllm_rl's patches run in this engine
         check_runner(self.vllm_config)      # ARRoL: the capture patch serves the V1 runner
         self.rl_groups = GroupRegistry()
         self.rl_members: dict[str, Member] = {}

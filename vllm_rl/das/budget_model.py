@@ -8,7 +8,7 @@ drafter asks it for a budget every decode step.
 
 * **Cost model** (Sec. 4.2.1).  A forward pass costs t_fwd = c_base + c_tok n_toks (Eq. 1)
   and a rollout c_base N_fwd + c_tok N_toks + C (Eq. 2).  Where drafting pays by batch
-  size is :mod:`.caps`.
+  size is :mod:`.batch_caps`.
 * **Budget model** (Sec. 4.2.2).  A request of length l given p proposed tokens in all
   accepts A = k l (1 − e^{−αp/l}) of them (Eq. 3): :func:`accepted_tokens`; it still needs
   l − A passes (the term of Eq. 4): :func:`remaining_passes`; the batch's latency is

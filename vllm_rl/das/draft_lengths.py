@@ -6,13 +6,13 @@ cap decides how much of it the step drafts (drafting stops paying on a big batch
 Sec. 4.2.1), chosen at construction (``DASConfig.batch_cap``):
 
 * ``cost`` (default): one length for every row, the one that makes the step cheapest
-  per generated token on the engine's step-cost model (:func:`.caps.cost_cap`) at the
+  per generated token on the engine's step-cost model (:func:`.batch_caps.cost_cap`) at the
   engine's recent acceptance; probes every :data:`PROBE_EVERY` steps it has drafting off;
 * ``phase``: a length per row from its own acceptance estimate (Eq. 3's k, shrunk toward
-  its problem's and the engine's), :func:`.caps.phase_budgets`, cut again to what the
+  its problem's and the engine's), :func:`.batch_caps.phase_budgets`, cut again to what the
   tree actually drafted;
 * ``linear``: full budget up to ``full_batch`` rows, scaled down to none at
-  ``off_batch`` (:func:`.caps.batch_cap`);
+  ``off_batch`` (:func:`.batch_caps.batch_cap`);
 * ``confidence``: every row drafts its budget, each draft cut where the tree's
   probability that it holds falls below the price of a draft token at this step's batch
   on the step-cost model (:meth:`DraftBudgets._draft_price`): long drafts in the tail,
@@ -27,10 +27,10 @@ from itertools import islice, repeat
 import numpy as np
 
 from vllm_rl.cost import OnlineCost
-from vllm_rl.das import budget as policy
+from vllm_rl.das import budget_model as policy
 from vllm_rl.das import length_classes
-from vllm_rl.das import caps as draft_caps
-from vllm_rl.das.slots import CLASS, FIXED, OPTIMAL
+from vllm_rl.das import batch_caps as draft_caps
+from vllm_rl.das.request_columns import CLASS, FIXED, OPTIMAL
 from vllm_rl.das.state import PhaseStep, RequestState, StepRows
 
 CLASS_CHECK_EVERY = 8    # tokens between length-class updates of a request
@@ -39,7 +39,7 @@ CLASS_CHECK_EVERY = 8    # tokens between length-class updates of a request
 # for at most PROBE_ROWS requests: fresh evidence at the price of a few wider rows.
 PROBE_EVERY = 16
 PROBE_ROWS = 8
-# Acceptance estimates of the phase-aware cap (Eq. 3's k, das.budget.estimate_k): a
+# Acceptance estimates of the phase-aware cap (Eq. 3's k, das.budget_model.estimate_k): a
 # request's own counts shrunk toward its problem's, the problem's toward the engine's
 # recent rate, each prior worth PRIOR_DRAFTS draft tokens; a problem's counts decay with
 # a horizon of PROBLEM_HORIZON verifications (its tree and the policy move on).
@@ -261,14 +261,14 @@ class DraftBudgets:
         return self.slots.min_prob[step.safe] if step.min_prob is None else step.min_prob
 
     def _linear_rows(self, live: np.ndarray, step: StepRows) -> None:
-        """The linear cap (:func:`.caps.batch_cap`): the budgets scaled by batch size."""
+        """The linear cap (:func:`.batch_caps.batch_cap`): the budgets scaled by batch size."""
         cap = draft_caps.batch_cap(step.n, self.cfg.full_batch, self.cfg.off_batch)
         if cap > 0.0:
             step.max_tokens[live] = self._room(live, step, self._budgets(live, step, cap))
 
     def _cost_cap(self, batch: int, drafting: int) -> int:
         """Sec. 4.2.1's batch cap from the step-cost model: the draft length that makes
-        this step cheapest per generated token (:func:`.caps.cost_cap`), host time
+        this step cheapest per generated token (:func:`.batch_caps.cost_cap`), host time
         counted: under async scheduling a drafting step also pays :attr:`draft_host_ms`
         (the drafter's time after the forward pass, measured), which a step without
         drafts hides under the forward pass."""
@@ -347,7 +347,7 @@ class DraftBudgets:
         self._problem_seen[uk] = True
 
     def _phase(self, live: np.ndarray, step: StepRows):
-        """Phase-aware drafting (:func:`.caps.phase_budgets`): the draft length per request
+        """Phase-aware drafting (:func:`.batch_caps.phase_budgets`): the draft length per request
         that makes the next step cheapest per generated token on the step-cost model, at
         this step's batch and mean context, from each request's acceptance estimate
         (Eq. 3's k) and within its policy's budget (fixed 2b, class 0/b/2b, Eq. 7).
