@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,10 +29,13 @@ from vllm_rl.arrol.config import ArrolConfig
 from vllm_rl.arrol.head import QualityHead
 from vllm_rl.arrol.hidden import HiddenStore
 from vllm_rl.arrol.rule import ArrolVerdict
+from vllm_rl.arrol.transfer import Transfer
 from vllm_rl.kernels import logsumexp_entropy, torch_logsumexp_entropy
 
 ROOT = Path(__file__).resolve().parents[2]
-SCORER_PY = ROOT / "vllm_rl" / "arrol" / "scorer.py"
+# the scorer and the parts it runs each step with
+SCORER_PY = [ROOT / "vllm_rl" / "arrol" / f"{m}.py"
+             for m in ("scorer", "transfer", "trace_sums", "step_plan", "served_head")]
 TRACE_PY = ROOT / "kernels" / "trace_stats.py"
 
 
@@ -297,7 +301,7 @@ def _to_host(args, kwargs) -> bool:
     return any(t.startswith("cpu") for t in target) and not kwargs.get("non_blocking")
 
 
-class FakeTransfer(scorer_mod.Transfer):
+class FakeTransfer(Transfer):
     """The CUDA path's shape on the CPU: up() gives device tensors, down() a host copy."""
 
     def __init__(self):
@@ -306,7 +310,7 @@ class FakeTransfer(scorer_mod.Transfer):
 
     def up(self, *parts):
         GUARD.events.append((GUARD.phase, "up"))
-        return [t.as_subclass(Dev) for t in scorer_mod.Transfer("cpu").up(*parts)]
+        return [t.as_subclass(Dev) for t in Transfer("cpu").up(*parts)]
 
     def down(self, t):
         GUARD.events.append((GUARD.phase, "down"))
@@ -325,16 +329,17 @@ def _device_scorer(monkeypatch):
                                    H, torch.device("cpu"))
     scorer.xfer = FakeTransfer()
     h = scorer.head
-    scorer.head = scorer_mod.replace(h, **{k: getattr(h, k).as_subclass(Dev)
+    scorer.head = replace(h, **{k: getattr(h, k).as_subclass(Dev)
                                            for k in ("w1", "b1", "w2", "b2", "w1f")})
     from vllm_rl.kernels import trace_stats
 
     fused = trace_stats.logsumexp_entropy                    # its outputs: device tensors
     monkeypatch.setattr(trace_stats, "logsumexp_entropy", lambda *a, **k: tuple(
         t.as_subclass(Dev) for t in fused(*a, **k)))
-    scorer._slot(1)                                          # grow once, then mark
-    scorer._acc = scorer._acc.as_subclass(Dev)
-    scorer._free.append(scorer._reset.pop())
+    sums = scorer.sums
+    sums.take(1)                                             # grow once, then mark
+    sums.acc = sums.acc.as_subclass(Dev)
+    sums.give_back(sums.resets.pop())
     return scorer
 
 
@@ -406,7 +411,7 @@ def test_the_step_path_reads_no_device_value_before_vllms_sync(monkeypatch, mode
 
 
 # ---------------------------------------------------------------- structural check
-ALLOWED_HOST_READS = {"_decide", "wait", "_add_tokens", "_plan", "_add_tokens_async",
+ALLOWED_HOST_READS = {"_decide", "wait", "add_sampled", "_plan", "add_sampled_async",
                       "up", "_admit"}
 
 
@@ -415,9 +420,8 @@ def test_scorer_source_has_no_blocking_transfer():
     ``.to("cpu")`` non-blocking, ``synchronize`` only in Transfer.wait, and
     ``tolist()`` / ``item()`` / ``numpy()`` / ``cpu()`` only where they read host data
     (numpy index arrays, the pinned results after the sync point)."""
-    tree = ast.parse(SCORER_PY.read_text())
     where: dict[str, list[str]] = {}
-    for fn in ast.walk(tree):
+    for fn in (n for f in SCORER_PY for n in ast.walk(ast.parse(f.read_text()))):
         if not isinstance(fn, ast.FunctionDef):
             continue
         for node in ast.walk(fn):

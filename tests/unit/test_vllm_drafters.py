@@ -91,7 +91,7 @@ def _das_schedules(decisions: list[tuple[bool, frozenset | None]]) -> list[dict]
     sched = standalone_scheduler(RLScheduler, max_num_seqs=8, max_model_len=256,
                                  num_blocks=64,
                                  speculative=DASConfig.of({}).engine_kwargs()["speculative_config"])
-    assert sched.rl_das_engine
+    assert sched.rl_das.drafter
     for rid in ("a", "b", "c"):
         sched.add_request(_request(rid, rl_params(das={})))
     sched.add_request(_request("plain", None))

@@ -6,8 +6,11 @@ In the engine:
 
 - :mod:`.rule`: the pure rule (Eq. 1 posterior, Eq. 2 survival, the seeded coin, the
   composed κ of a DARTS group) and the verdict a scored sample carries;
-- :mod:`.scorer`: :class:`~.scorer.HeadScorer` on the worker (rows at ``l_detect``, trace
-  features, one head call per step, verdicts with the step's output);
+- :mod:`.scorer`: :class:`~.scorer.HeadScorer` on the worker (rows at ``l_detect``, one
+  head call per step, verdicts with the step's output), with its parts:
+  :mod:`.served_head` (the head and calibration it serves, replaced whole by an update),
+  :mod:`.trace_sums` (the trace features' sums on the device), :mod:`.step_plan` (one
+  step's work) and :mod:`.transfer` (its only host–device crossings);
 - :mod:`.config`: :class:`~.config.ArrolConfig` (the engine's head and calibration),
   submission and runner checks;
 - :mod:`.worker`: ``arrol_update`` / ``arrol_info`` on the worker.

@@ -65,9 +65,7 @@ A hidden state (``return_hidden``) does not travel with it: it stays in the scor
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
-from dataclasses import dataclass, replace
 from time import perf_counter_ns
 from typing import Any
 
@@ -75,77 +73,24 @@ import numpy as np
 import torch
 
 from vllm_rl.arrol import rule
-from vllm_rl.arrol.config import ArrolConfig, load_head_state
+from vllm_rl.arrol.config import ArrolConfig
 from vllm_rl.arrol.hidden import HiddenStore
+from vllm_rl.arrol.served_head import initial_head, updated_head
+from vllm_rl.arrol.step_plan import EMPTY, Candidate, Plan
+from vllm_rl.arrol.trace_sums import TraceSums, token_logprob
+from vllm_rl.arrol.transfer import Transfer
 from vllm_rl.cost.host import WORKER as HOST     # the scorer's host time, for the trace
 from vllm_rl.flags import KEY, ArrolFlags, read_or_warn
 from vllm_rl.step_output import attach
 
 RUNNER_ATTR = "vllm_rl_scorer"   # GPUModelRunner: its HeadScorer, or None off ARRoL
-SLOTS = 256                  # the trace accumulator's first capacity (it doubles)
 FLAG_CACHE = 4096            # parsed flags kept by the identity of their extra_args
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Head:
-    """One immutable head + calibration; replaced whole by an update, so a step never
-    sees half of one (``version`` names it in every record)."""
-
-    w1: torch.Tensor
-    b1: torch.Tensor
-    w2: torch.Tensor
-    b2: torch.Tensor
-    activation: str
-    calibration: rule.Calibration | None
-    version: int
-    w1f: torch.Tensor | None = None      # [D, F]: a head that reads the trace features
-
-
-class Transfer:
-    """The scorer's only crossings between host and device.
-
-    :meth:`up`: host integers to the device, from pinned memory, without blocking;
-    :meth:`down`: a device tensor to a pinned host tensor, without blocking (PyTorch pins
-    the destination of a non-blocking CUDA-to-CPU copy); :meth:`ready`: an event after a
-    step's copies; :meth:`wait`: called only after vLLM has synchronised in that step.
-    Off CUDA (vLLM's CPU platform) the device is the host: ``up`` builds the tensor,
-    ``down`` is the identity, there are no events."""
-
-    def __init__(self, device) -> None:
-        self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
-
-    def up(self, *parts) -> list[torch.Tensor]:
-        """One int64 device tensor per part (lists or arrays of ints), all sent in one
-        non-blocking copy from pinned memory."""
-        arrays = [np.asarray(p, dtype=np.int64) for p in parts]
-        sizes = [a.shape[0] for a in arrays]
-        host = torch.from_numpy(np.concatenate(arrays) if len(arrays) > 1 else arrays[0])
-        if self.cuda:
-            dev = host.pin_memory().to(self.device, non_blocking=True)
-        else:
-            dev = host.to(self.device)
-        return list(dev.split(sizes)) if len(parts) > 1 else [dev]
-
-    def down(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to("cpu", non_blocking=True) if self.cuda else t
-
-    def ready(self):
-        if not self.cuda:
-            return None
-        event = torch.cuda.Event()
-        event.record()
-        return event
-
-    def wait(self, event) -> None:
-        if event is not None:
-            event.synchronize()
-
-
 class _Req:
     """A sample the scorer still has to score: its flags and its trace slot (its column
-    of the device sums; its ``l_detect`` is the slot's entry of ``HeadScorer._limit``;
+    of the device sums; its ``l_detect`` is the slot's entry of ``TraceSums.limit``;
     how many tokens the sums hold, each step's from vLLM's token counts)."""
 
     __slots__ = ("rid", "owner", "flags", "share", "slot")
@@ -154,61 +99,6 @@ class _Req:
                  slot: int) -> None:
         self.rid, self.owner, self.flags, self.share, self.slot = (
             rid, owner, flags, share, slot)
-
-
-class _Cand:
-    """A row scored this step; ``needs``: 0 for a real token, j > 0 for the j-th draft
-    (kept only if accepted); ``hidden``: its row in ``Plan.hidden`` (-1: none)."""
-
-    __slots__ = ("rid", "owner", "flags", "share", "needs", "hidden")
-
-    def __init__(self, rid, owner, flags, share, needs, hidden) -> None:
-        self.rid, self.owner, self.flags, self.share, self.needs, self.hidden = (
-            rid, owner, flags, share, needs, hidden)
-
-
-class Plan:
-    """One step's work: the scored rows (``values``: their score and trace features on
-    the host once the step has synchronised, ``hidden``: the hidden rows asked for) and
-    the tracked samples (``t_slot``, ``t_index``: their trace slots and batch indices,
-    ``t_k``, ``t_count``: their first row and row count among the tracked logits rows;
-    ``src``: a copy of those rows' raw logits [K, V]; ``lse``, ``ent``: [K])."""
-
-    __slots__ = ("head", "rows", "t_slot", "t_index", "t_k", "t_count", "src", "lse",
-                 "ent", "values", "hidden", "ready")
-
-    def __init__(self, head: Head) -> None:
-        self.head = head
-        self.rows: list[_Cand] = []
-        self.t_slot = self.t_index = self.t_k = self.t_count = _EMPTY
-        self.src = self.lse = self.ent = None
-        self.values = self.hidden = self.ready = None
-
-    @property
-    def tracked(self) -> int:
-        return len(self.t_slot)
-
-    def __bool__(self) -> bool:
-        return bool(self.rows) or len(self.t_slot) > 0
-
-
-_EMPTY = np.zeros(0, dtype=np.int64)
-
-
-def _tensor(x: Any, shape: tuple[int, ...], name: str, device, dtype=torch.float32):
-    t = torch.as_tensor(x, dtype=dtype)
-    if tuple(t.shape) != shape:
-        raise ValueError(f"ARRoL head '{name}': shape {tuple(t.shape)}, expected {shape}")
-    if not torch.isfinite(t).all():
-        raise ValueError(f"ARRoL head '{name}': non-finite values")
-    return t.to(device)
-
-
-def _calibration(value: Any) -> rule.Calibration | None:
-    """A :class:`Calibration` from itself, its dict, or None."""
-    if value is None or isinstance(value, rule.Calibration):
-        return value
-    return rule.Calibration.from_dict(value)
 
 
 def scorer_of(runner) -> "HeadScorer | None":
@@ -251,59 +141,21 @@ class HeadScorer:
         self.hidden_store = hidden_store if hidden_store is not None else HiddenStore()
         self._reqs: dict[str, _Req] = {}           # request id -> sample still to score
         self._settled: deque[str] = deque()        # scored at a draft (any thread)
-        self._free: list[int] = []                 # trace slots free
-        self._reset: list[int] = []                # trace slots to zero before use
-        self._limit = np.zeros(0, dtype=np.int64)  # per slot: l_detect
+        self.sums = TraceSums(device)              # trace sums of samples to score
         self._flag_cache: dict[int, tuple[Any, ArrolFlags | None]] = {}
-        with torch.inference_mode():
-            self._acc = torch.empty((3, 0), dtype=torch.float32, device=device)
         self.scored_total = 0
         self.pruned_total = 0
         self.scored_at_draft = 0            # scored at an accepted draft position (DAS)
-        if cfg.head is not None:
-            state = load_head_state(cfg.head)
-        else:
-            from vllm_rl.arrol.head import QualityHead
-
-            torch.manual_seed(cfg.seed)
-            state = QualityHead(hidden_size, cfg.width, cfg.activation).export(0)
-        self.head = replace(self._build(state, int(state.get("version", 0))),
-                            calibration=_calibration(cfg.calibration))
-
-    # ------------------------------------------------------------------ updates
-    def _build(self, state: dict, version: int) -> Head:
-        """Checked weights on the runner's device, no calibration (between steps)."""
-        from vllm_rl.arrol.head import check_head_state
-
-        check_head_state(state, hidden_size=self.hidden_size)
-        width = int(state["width"])
-        w1f = None
-        if state.get("w1f") is not None:
-            w1f = _tensor(state["w1f"], (width, len(rule.TRACE_FEATURES)), "w1f", self.device)
-        return Head(
-            w1=_tensor(state["w1"], (width, self.hidden_size), "w1", self.device),
-            b1=_tensor(state["b1"], (width,), "b1", self.device),
-            w2=_tensor(state["w2"], (width,), "w2", self.device),
-            b2=_tensor(state["b2"], (), "b2", self.device),
-            activation=state["activation"], calibration=None, version=version, w1f=w1f)
+        self.head = initial_head(cfg, hidden_size, device)
 
     def update(self, head: Any = None, calibration: Any = None, cold_start: bool = False,
                version: int | None = None) -> int:
-        """Replace the head and/or the calibration between steps; returns the version.
-
-        ``head=None`` keeps the weights, ``calibration=None`` keeps the calibration,
-        ``cold_start=True`` drops it (score only).  Everything is checked before the
-        swap: a bad update raises and leaves the current head serving.
-        """
-        cur = self.head
-        if cold_start and calibration is not None:
-            raise ValueError("arrol_update: cold_start=True and a calibration together")
-        new_version = cur.version + 1 if version is None else int(version)
-        weights = cur if head is None else self._build(load_head_state(head), new_version)
-        cal = None if cold_start else (
-            cur.calibration if calibration is None else _calibration(calibration))
-        self.head = replace(weights, calibration=cal, version=new_version)
-        return new_version
+        """Replace the head and/or the calibration between steps; returns the version
+        (:func:`vllm_rl.arrol.served_head.updated_head`: a bad update raises and leaves
+        the current head serving)."""
+        self.head = updated_head(self.head, self.hidden_size, self.device, head,
+                                 calibration, cold_start, version)
+        return self.head.version
 
     def info(self) -> dict[str, Any]:
         h = self.head
@@ -325,24 +177,9 @@ class HeadScorer:
         return self.hidden_store.take(request_ids)
 
     # ------------------------------------------------------------------ requests
-    def _slot(self, limit: int) -> int:
-        if not self._free:
-            cap = self._acc.shape[1]
-            new = max(SLOTS, 2 * cap)
-            with torch.inference_mode():
-                acc = torch.empty((3, new), dtype=torch.float32, device=self.device)
-                acc[:, :cap] = self._acc
-            self._acc = acc
-            self._limit = np.concatenate([self._limit, np.zeros(new - cap, dtype=np.int64)])
-            self._free.extend(range(new - 1, cap - 1, -1))
-        slot = self._free.pop()
-        self._reset.append(slot)
-        self._limit[slot] = limit
-        return slot
-
     def _release(self, st: _Req) -> None:
         if st.slot >= 0:
-            self._free.append(st.slot)
+            self.sums.give_back(st.slot)
             st.slot = -1
 
     def _drop(self, rid: str) -> None:
@@ -362,7 +199,7 @@ class HeadScorer:
             got = self._flags_of(owner, rid) if owner is not None else None
             if got is not None:
                 flags, share = got
-                self._reqs[rid] = _Req(rid, owner, flags, share, self._slot(flags.l_detect))
+                self._reqs[rid] = _Req(rid, owner, flags, share, self.sums.take(flags.l_detect))
         if len(self._reqs) > 4 * runner.input_batch.num_reqs + 256:
             live = runner.requests
             for rid in [r for r, st in self._reqs.items() if live.get(r) is not st.owner]:
@@ -432,7 +269,7 @@ class HeadScorer:
         # P = n + l_detect - 1 falls in this step's query (``at``; scored this step iff
         # 0 <= at < its query length)
         batch_row, slot_ids = np.array(idx), np.array(slots)
-        l_detect = self._limit[slot_ids]
+        l_detect = self.sums.limit[slot_ids]
         qsl = runner.query_start_loc.np
         start = qsl[batch_row]
         n_sched = qsl[batch_row + 1] - start           # this step's query of each sample
@@ -464,7 +301,7 @@ class HeadScorer:
             tracked_k = np.full(len(sts), -1, dtype=np.int64)
             tracked_k[t] = k
         else:
-            lrows = _EMPTY
+            lrows = EMPTY
         if not len(found) and not plan.tracked:
             return None
         # the scored samples: their hidden/logits row, trace slot and trace count, the
@@ -484,7 +321,7 @@ class HeadScorer:
             if st.flags.return_hidden:
                 hidden = len(hidden_rows)
                 hidden_rows.append(int(scored_row[j]))
-            plan.rows.append(_Cand(st.rid, st.owner, st.flags, st.share, needs, hidden))
+            plan.rows.append(Candidate(st.rid, st.owner, st.flags, st.share, needs, hidden))
             if needs and logits is not None and tracked_k[c] >= 0:
                 extra = min(needs, int(plan.t_count[np.searchsorted(plan.t_k, tracked_k[c])]))
                 k0, d0 = int(tracked_k[c]), int(draft0[batch_row[c]])
@@ -495,14 +332,12 @@ class HeadScorer:
             if not needs:            # a real token: scored now, whatever sampling brings
                 del reqs[st.rid]
                 self._release(st)    # (its tracked rows, if any, add to a free slot)
-        resets, self._reset = self._reset, []
+        resets = self.sums.take_resets()
         up = self.xfer.up(resets, lrows, scored_row, scored_slot, scored_count, hidden_rows,
                           draft_of, draft_row, draft_at)
         reset_d, lrows_d, *scored_d = up
-        acc = self._acc
         if resets:
-            acc.index_fill_(1, reset_d, 0.0)
-            acc[1].index_fill_(0, reset_d, math.inf)
+            self.sums.zero(reset_d)
         if len(lrows):
             from vllm_rl.kernels import logsumexp_entropy
 
@@ -518,10 +353,6 @@ class HeadScorer:
             self._score(plan, state, *scored_d)
         return plan
 
-    def _token_logprob(self, plan: Plan, k: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
-        """log p(tok) = z_tok − lse of tracked rows ``k`` (raw logits, before temperature)."""
-        return plan.src[k, tok].float() - plan.lse.index_select(0, k)
-
     def _score(self, plan: Plan, state, scored_row, scored_slot, scored_count, hidden_rows,
                draft_of, draft_row, draft_tok) -> None:
         """Score the rows in one call (with each one's trace features: the tokens before
@@ -529,9 +360,9 @@ class HeadScorer:
         ([R, 4]) and the hidden rows asked for start to the host without blocking."""
         head = plan.head
         # the trace accumulators: Σ log p, min log p, Σ entropy of the tokens so far
-        logp_sum, logp_min, ent_sum = self._acc.index_select(1, scored_slot).unbind(0)
+        logp_sum, logp_min, ent_sum = self.sums.acc.index_select(1, scored_slot).unbind(0)
         if draft_of.numel():
-            lp = self._token_logprob(plan, draft_row, draft_tok)
+            lp = token_logprob(plan, draft_row, draft_tok)
             logp_sum = logp_sum.index_add(0, draft_of, lp)
             ent_sum = ent_sum.index_add(0, draft_of, plan.ent.index_select(0, draft_row))
             logp_min = logp_min.scatter_reduce(0, draft_of, lp, "amin")
@@ -567,84 +398,17 @@ class HeadScorer:
         mro = getattr(out, "_model_runner_output", out)
         if out is mro:           # synchronous: vLLM's _bookkeeping_sync has waited
             if plan.tracked:
-                self._add_tokens(plan, mro.sampled_token_ids)
+                self.sums.add_sampled(plan, mro.sampled_token_ids, self.xfer)
             if plan.rows:
                 self._decide(plan, mro)
             self._settle()
         else:
             if plan.tracked:
-                self._add_tokens_async(plan, out)
+                self.sums.add_sampled_async(plan, out, self.xfer)
             if plan.rows:
                 self._defer(plan, out)
         plan.src = plan.lse = plan.ent = None
-        plan.t_slot = plan.t_index = plan.t_k = plan.t_count = _EMPTY
-
-    def _add_tokens(self, plan: Plan, sampled) -> None:
-        """This step's kept tokens (host lists, after vLLM's sync): token k of a tracked
-        sample came from its k-th logits row (a draft accepted, or the bonus / plain
-        sampled token)."""
-        if not sampled:
-            return
-        size = len(sampled)
-        if int(plan.t_count.max()) == 1:               # one row each: no drafts
-            tok = np.array([(s[0] if (s := sampled[i]) else -1) if i < size else -1
-                            for i in plan.t_index.tolist()], dtype=np.int64)
-            keep = tok >= 0
-            ks, toks, slots = plan.t_k[keep], tok[keep], plan.t_slot[keep]
-        else:
-            ks, toks, slots = [], [], []
-            for i, k, cnt, slot in zip(plan.t_index.tolist(), plan.t_k.tolist(),
-                                       plan.t_count.tolist(), plan.t_slot.tolist()):
-                got = sampled[i] if i < size else ()
-                c = min(cnt, len(got))
-                if c > 0:
-                    ks.extend(range(k, k + c))
-                    toks.extend(got[:c])
-                    slots.extend([slot] * c)
-        if len(ks):
-            k_d, t_d, s_d = self.xfer.up(ks, toks, slots)
-            self._accumulate(plan, k_d, t_d, s_d)
-
-    def _add_tokens_async(self, plan: Plan, out) -> None:
-        """Async output: the sampled ids are a device tensor (``[rows, 1 + drafts]``, -1
-        past a row's accepted tokens), read there: each tracked sample's first
-        ``t_count`` columns, each kept where its token is the sample's own."""
-        ids = getattr(out, "_sampled_token_ids", None)
-        if ids is None:
-            return
-        keep = np.ones(len(plan.t_index), dtype=bool)
-        bad = getattr(out, "_invalid_req_indices", None)
-        if bad:
-            keep &= ~np.isin(plan.t_index, np.asarray(bad, dtype=np.int64))
-        if not keep.any():
-            return
-        ks, rows, slots = plan.t_k[keep], plan.t_index[keep], plan.t_slot[keep]
-        count = plan.t_count[keep]
-        width = min(int(count.max()), ids.shape[1])
-        col = np.arange(width)
-        # each (sample, column) pair: its logits row (the first where the column is past
-        # the sample's tracked rows: masked below), its slot, whether it is tracked
-        tracked = col[None, :] < count[:, None]
-        k_d, i_d, s_d, m_d = self.xfer.up(
-            np.where(tracked, ks[:, None] + col[None, :], ks[:, None]).ravel(),
-            rows, np.repeat(slots, width), tracked.ravel())
-        tok = ids.index_select(0, i_d.to(ids.device))[:, :width].reshape(-1).long()
-        own = (tok >= 0) & m_d.to(tok.device).bool()
-        self._accumulate(plan, k_d, tok.clamp_min(0), s_d, own)
-
-    def _accumulate(self, plan: Plan, k, tok, slots, own=None) -> None:
-        """Add tokens ``tok`` of tracked rows ``k`` to their slots' sums; ``own``: a mask,
-        on the device, of the entries that count (None: all)."""
-        lp = self._token_logprob(plan, k, tok)
-        ent = plan.ent.index_select(0, k)
-        low = lp
-        if own is not None:
-            low = lp.masked_fill(~own, math.inf)
-            lp, ent = lp.masked_fill(~own, 0.0), ent.masked_fill(~own, 0.0)
-        acc = self._acc
-        acc[0].index_add_(0, slots, lp)
-        acc[1].scatter_reduce_(0, slots, low, "amin")
-        acc[2].index_add_(0, slots, ent)
+        plan.t_slot = plan.t_index = plan.t_k = plan.t_count = EMPTY
 
     def _defer(self, plan: Plan, out) -> None:
         """Async output: decide in its ``get_output``, after it has waited for its copy

@@ -44,9 +44,65 @@ class DasSample:
     tokens_before: int = 0      # output tokens before this step's update
 
 
-def admit(quiet: QuietSteps) -> DasSample:
-    """A DAS sample joins: it reads ``quiet`` from now on."""
-    return DasSample(quiet, quiet.steps)
+class DasEngine:
+    """DAS's state in the RL scheduler (:mod:`vllm_rl.engine.scheduler` owns one, as it
+    owns DUET's :class:`~vllm_rl.duet.engine.DuetEngine`): whether the engine drafts
+    with DAS's drafter, the samples with DAS flags in the engine, the steps none of them
+    was verified on a draft, and the drafter's last decision under async scheduling
+    (each step's ``StepOutput.drafting`` / ``drafts_for``, :mod:`vllm_rl.step_output`)."""
+
+    __slots__ = ("drafter", "live", "quiet", "drafting", "drafts_for")
+
+    def __init__(self, drafter: bool) -> None:
+        self.drafter = drafter          # the engine drafts with DAS's drafter
+        self.live = 0                   # samples with DAS flags in the engine (they draft)
+        self.quiet = QuietSteps()       # steps with DAS samples and no draft verified
+        self.drafting = True            # async: the drafter's last decision drafts ...
+        self.drafts_for: frozenset | None = None    # ... for these only (None: all)
+
+    def admit(self) -> DasSample:
+        """A DAS sample joins: it reads the engine's quiet steps from now on."""
+        self.live += 1
+        return DasSample(self.quiet, self.quiet.steps)
+
+    def leave(self) -> None:
+        """A DAS sample left the engine (vLLM freed it)."""
+        self.live -= 1
+
+    def decided(self, drafting: bool, drafts_for: frozenset | None) -> None:
+        """The drafter's decision in a step's output (async scheduling)."""
+        self.drafting, self.drafts_for = drafting, drafts_for
+
+    def count(self, members: dict, requests: dict, spec_tokens: dict, sampled,
+              index: dict, drafted: dict | None) -> None:
+        """Before vLLM's update: the step's drafts counted on its samples
+        (:func:`count_drafts`), and a step in which none was verified on a draft
+        counted as quiet.  Nothing while no DAS sample is in the engine."""
+        if not self.live:
+            return
+        if not (spec_tokens and count_drafts(members, requests, spec_tokens, sampled,
+                                             index, drafted)):
+            self.quiet.steps += 1
+
+    def schedules_drafts(self) -> bool:
+        """Whether a step may give placeholders at all: with DAS samples in the engine
+        and the drafter's last decision drafting."""
+        return bool(self.live) and self.drafting
+
+    def cut_placeholders(self, scheduled, requests: dict, members: dict) -> None:
+        """After vLLM scheduled a step with placeholder drafts: only the requests the
+        drafter drafts for keep theirs (its probe's ``drafts_for``), else only the
+        samples with DAS flags (none cut when every scheduled request has them)."""
+        only = self.drafts_for
+        if only is not None:
+            for req_id in scheduled:
+                if req_id not in only:
+                    requests[req_id].spec_token_ids = []
+        elif self.live < len(scheduled):
+            for req_id in scheduled:
+                member = members.get(req_id)
+                if member is None or member.flags.das is None:
+                    requests[req_id].spec_token_ids = []
 
 
 def count_drafts(members: dict, requests: dict, spec_tokens: dict, sampled,
@@ -103,4 +159,4 @@ def fields(sample: DasSample) -> dict:
             "draft_off_steps": sample.quiet.steps - sample.quiet_from}
 
 
-__all__ = ["DasSample", "QuietSteps", "admit", "count_drafts", "fields", "keep_accepted"]
+__all__ = ["DasEngine", "DasSample", "QuietSteps", "count_drafts", "fields", "keep_accepted"]

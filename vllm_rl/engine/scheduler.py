@@ -51,7 +51,7 @@ from __future__ import annotations
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_rl.arrol import engine as arrol
@@ -64,17 +64,14 @@ from vllm_rl.duet.engine import DuetEngine
 from vllm_rl.engine import records
 from vllm_rl.engine.groups import GroupRegistry, GroupState, Member
 from vllm_rl.engine.steps import StepBook, stale
+from vllm_rl.engine.finish import FinishMixin
 from vllm_rl.engine.trace import TraceMixin
+from vllm_rl.engine.weight_sync import WeightSyncMixin
 from vllm_rl.flags import KEY, FlagReads, read_step
 from vllm_rl import step_output
 from vllm_rl.outcome import Reason
 
 logger = init_logger(__name__)
-
-# How an early end shows in vLLM's own finish_reason ("abort"): the sample did not end
-# by itself.  The exact reason is in the RolloutInfo record.
-EARLY_END_STATUS = RequestStatus.FINISHED_ABORTED
-
 
 def check_patched() -> None:
     """Refuse to start the RL scheduler in a process that was not asked for vllm_rl's
@@ -88,7 +85,7 @@ def check_patched() -> None:
             f"{ENGINE_ENV}=1 vllm serve ... $(vllm_rl.server_args(...)))")
 
 
-class RLSchedulerMixin(TraceMixin):
+class RLSchedulerMixin(WeightSyncMixin, FinishMixin, TraceMixin):
     """The RL logic, over either of vLLM's schedulers (every override calls vLLM's own)."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -104,15 +101,10 @@ class RLSchedulerMixin(TraceMixin):
         self._ruled: dict[str, Member] = {}
         # The engine drafts with DAS's drafter: only then are vLLM's placeholder drafts
         # the scheduler's to cut (any other drafter keeps vLLM's own scheduling).
-        self.rl_das_engine = DASConfig.from_vllm_config(self.vllm_config) is not None
-        self.rl_das_live = 0                # members with DAS flags (they draft)
-        self.rl_das_quiet = das.QuietSteps()  # steps with DAS samples and no draft
-        self.rl_das_drafting = True         # async: the drafter's last decision drafts
-        self.rl_das_drafts_for: frozenset | None = None   # ... for these only (None: all)
+        self.rl_das = das.DasEngine(DASConfig.from_vllm_config(self.vllm_config) is not None)
         self._stopped_groups: list[GroupState] = []
         self._watched: dict[str, GroupState] = {}   # M valid ended, shortest not yet known
         self.rl_steps = StepBook()          # partial rollouts: each trainer step's rule
-        self._ended_early = False           # this update ended a sample early (_restat)
         self.rl_step = 0
         # Early-stop groups whose M shortest became known (stopped, or every member had
         # ended by then), and the steps they ran past their M-th valid end: the price
@@ -122,10 +114,6 @@ class RLSchedulerMixin(TraceMixin):
         self._arrol_pending: list[Member] = []
         self.duet = DuetEngine(self._load_tokenizer,
                                self.vllm_config.model_config.get_vocab_size())
-        # Weight syncs seen (every prefix-cache reset is one: ``reset_prefix_cache``)
-        # and the last one's report.
-        self.rl_weight_version = 0
-        self.rl_last_sync: dict | None = None
 
     # ------------------------------------------------------------------ admission
     def add_request(self, request: Request) -> None:
@@ -135,8 +123,7 @@ class RLSchedulerMixin(TraceMixin):
             if member is not None:
                 self.rl_members[request.request_id] = member
                 if member.flags.das is not None:
-                    self.rl_das_live += 1
-                    member.das = das.admit(self.rl_das_quiet)
+                    member.das = self.rl_das.admit()
                 if member.flags.group is not None:
                     self.rl_groups.join(member)
                     self._watch(member)     # a continued group may know M valid already
@@ -210,21 +197,18 @@ class RLSchedulerMixin(TraceMixin):
         spec = scheduler_output.scheduled_spec_decode_tokens
         step = step_output.of(model_runner_output)
         if step is not None and step.drafting is not None:
-            self.rl_das_drafting = step.drafting
-            self.rl_das_drafts_for = step.drafts_for
+            self.rl_das.decided(step.drafting, step.drafts_for)
         # the worker's draft counts under async scheduling (None: the scheduler's own
         # speculative tokens are the drafts)
         drafts = step.drafts if step is not None else None
-        if self.rl_das_live:
-            drafted = spec and das.count_drafts(
-                members, self.requests, spec, model_runner_output.sampled_token_ids,
-                model_runner_output.req_id_to_index, drafts)
-            if not drafted:
-                self.rl_das_quiet.steps += 1
+        if self.rl_das.live:
+            self.rl_das.count(members, self.requests, spec,
+                              model_runner_output.sampled_token_ids,
+                              model_runner_output.req_id_to_index, drafts)
         if step is not None and step.verdicts:
             self._take_verdicts(step.verdicts)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if spec and self.rl_das_live:
+        if spec and self.rl_das.live:
             self._keep_accepted(spec if drafts is None else drafts)
         self._apply_rules(scheduler_output.num_scheduled_tokens, outputs)
         if self._watched:
@@ -353,7 +337,7 @@ class RLSchedulerMixin(TraceMixin):
         member = self.rl_members.pop(request.request_id, None)
         self._ruled.pop(request.request_id, None)
         if member is not None and member.flags.das is not None:
-            self.rl_das_live -= 1
+            self.rl_das.leave()
         if member is not None:
             if not member.ended and request.status in _NATURAL:
                 if member.das is not None and member.das.step_accepted:
@@ -374,53 +358,6 @@ class RLSchedulerMixin(TraceMixin):
         The step is read as ``partial.step`` is (:func:`vllm_rl.flags.read_step`; the
         clients check it first, :mod:`vllm_rl.end_step`), never coerced."""
         return self.rl_steps.end(read_step(step))
-
-    # ------------------------------------------------------------------ weight syncs
-    def reset_prefix_cache(self, reset_running_requests: bool = False,
-                           reset_connector: bool = False) -> bool:
-        """A weight sync: after it, no request reads KV computed with older weights.
-
-        verl, OpenRLHF, TRL and :mod:`vllm_rl.weights` reset the prefix cache at every
-        weight sync.  vLLM's reset refuses (and logs it) while requests hold blocks,
-        which leaves every cached block of the old weights open to new hits.  Here the
-        requests holding blocks are always preempted first, as vLLM's own
-        ``pause_generation(clear_cache=True)`` does (``reset_running_requests``): their
-        blocks are freed, the cache is emptied, and they resume by recomputing their
-        prompt and tokens so far on the new weights.  So the reset succeeds (vLLM itself
-        raises where a KV-connector transfer is still pending), and a block cached
-        afterwards was computed afterwards.  Any reset counts as a sync, a user's own
-        included: the cost is a recompute and a version step, never old KV.  With no
-        request running, nothing is preempted and the call is vLLM's own: a reset that
-        fails (the KV cache manager's or the connector's) answers ``False``, as vLLM
-        answers it.
-
-        The sync bumps :attr:`rl_weight_version`; a flagged sample with tokens from
-        before it says in its record where the new version began
-        (``RolloutInfo.weight_versions``).  :attr:`rl_last_sync` reports what happened
-        (read by the ``vllm_rl_weight_sync`` utility, ``patches/engine_core.py``).
-        """
-        recomputed = sum(1 for r in self.running if r.num_computed_tokens > 0)
-        cached = _cached_blocks(self.kv_cache_manager)
-        ok = super().reset_prefix_cache(reset_running_requests or bool(self.running),
-                                        reset_connector)
-        self.rl_weight_version += 1
-        version, across = self.rl_weight_version, 0
-        for rid, member in self.rl_members.items():
-            request = self.requests.get(rid)
-            n = request.num_output_tokens if request is not None else 0
-            if n == 0:
-                member.weight_version = version     # no token from the old weights
-            else:
-                member.version_starts += ((version, n),)
-                across += 1
-        self.rl_last_sync = {"weight_version": version, "prefix_cache_reset": ok,
-                             "cached_blocks_dropped": cached,
-                             "requests_recomputed": recomputed,
-                             "flagged_samples_across": across}
-        logger.info("weight sync %d: prefix cache reset (%s cached blocks dropped), %d "
-                    "requests in flight recomputed on the new weights", version, cached,
-                    recomputed)
-        return ok
 
     # ------------------------------------------------------------------ helpers
     def _record_end(self, request: Request, member: Member, reason: Reason) -> None:
@@ -490,41 +427,6 @@ class RLSchedulerMixin(TraceMixin):
                     self._write_cancelled(request, member)
             self._finish_now([m.request_id for m in members], outputs)
 
-    def _finish_now(self, request_ids: list[str], outputs: dict[int, EngineCoreOutputs]) -> None:
-        """End these requests now (records already written): free their blocks through
-        vLLM's ``finish_requests`` and emit their final output; once the step's rules are
-        done, its stats, which vLLM built before these ends, are taken again
-        (:meth:`_restat`, once a step)."""
-        for request in self.finish_requests(request_ids, EARLY_END_STATUS):
-            eco = outputs.get(request.client_index)
-            if eco is None:
-                eco = outputs[request.client_index] = EngineCoreOutputs()
-            eco.outputs.append(EngineCoreOutput(
-                request_id=request.request_id,
-                new_token_ids=[],
-                finish_reason=request.get_finished_reason(),
-                stop_reason=request.stop_reason,
-                events=request.take_events(),
-                trace_headers=request.trace_headers,
-            ))
-        self._ended_early = True
-
-    def _restat(self, outputs: dict[int, EngineCoreOutputs]) -> None:
-        """vLLM builds a step's ``SchedulerStats`` at the end of its update, before the
-        rules end samples early; the early ends free blocks and requests after it.
-        The KV-cache usage and the request counts are taken again here (vLLM's own
-        ``get_kv_cache_usage`` and ``get_request_counts``), so ``vllm:kv_cache_usage_perc``
-        and ``vllm:num_requests_running`` / ``waiting`` say what the ends left, even when
-        no further step runs.  Once, in a step that ended a sample early."""
-        for eco in outputs.values():
-            stats = eco.scheduler_stats
-            if stats is not None:
-                running, waiting = self.get_request_counts()
-                stats.kv_cache_usage = self.get_kv_cache_usage()
-                stats.num_running_reqs = running
-                stats.num_waiting_reqs = max(0, waiting - stats.num_skipped_waiting_reqs)
-
-
 def _tail(member: Member) -> bool:
     """A DARTS member DUET's coin kept past the gate: outside DARTS's pool (never counted
     toward M, never cancelled; :meth:`vllm_rl.duet.engine.DuetEngine.tail`)."""
@@ -544,16 +446,6 @@ def _at_floor(member: Member) -> bool:
                  and not _tail(m))
     missing = max(0, group.flags.redundant - group.arrived)
     return group.valid + others + missing < group.flags.size
-
-
-def _cached_blocks(kv_cache_manager) -> int | None:
-    """Blocks in the prefix cache's hash map (None where vLLM's layout differs)."""
-    pool = getattr(kv_cache_manager, "block_pool", None)
-    table = getattr(pool, "cached_block_hash_to_block", None)
-    try:
-        return len(table)
-    except TypeError:
-        return None
 
 
 _NATURAL = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
@@ -581,25 +473,14 @@ class RLScheduler(RLSchedulerMixin, AsyncScheduler):
         flags lose theirs.  No token budget or KV slots are held for drafts that never
         come.  Any other drafter (EAGLE, MTP, a draft model, ``ngram_gpu``) drafts for
         every request: vLLM's own scheduling, unchanged."""
-        if not self.num_spec_tokens or not self.rl_das_engine:
+        if not self.num_spec_tokens or not self.rl_das.drafter:
             return super()._update_after_schedule(scheduler_output)
-        if not self.rl_das_live or not self.rl_das_drafting:
+        if not self.rl_das.schedules_drafts():
             scheduler_output.num_spec_tokens_to_schedule = 0
         super()._update_after_schedule(scheduler_output)
-        if not scheduler_output.num_spec_tokens_to_schedule:
-            return
-        scheduled, requests = scheduler_output.num_scheduled_tokens, self.requests
-        only = self.rl_das_drafts_for
-        if only is not None:
-            for req_id in scheduled:
-                if req_id not in only:
-                    requests[req_id].spec_token_ids = []
-        elif self.rl_das_live < len(scheduled):
-            members = self.rl_members
-            for req_id in scheduled:
-                member = members.get(req_id)
-                if member is None or member.flags.das is None:
-                    requests[req_id].spec_token_ids = []
+        if scheduler_output.num_spec_tokens_to_schedule:
+            self.rl_das.cut_placeholders(scheduler_output.num_scheduled_tokens,
+                                         self.requests, self.rl_members)
 
 
 class RLSyncScheduler(RLSchedulerMixin, Scheduler):
