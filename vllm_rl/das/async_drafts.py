@@ -26,7 +26,7 @@ sampler; the field's zero-bubble speculative decoding, vllm#32951, prepares step
 on the assumption of full acceptance, the last of these hypotheses): where no hypothesis
 matches, the row verifies a draft made on a wrong context, which is rejected, not
 wrong.  When step n is taken in, the host finds the hypothesis the device took
-(:attr:`_InFlight.matched`, the same rule); the drafts of step n + 1 of a row that
+(:attr:`~.async_steps.InFlight.matched`, the same rule); the drafts of step n + 1 of a row that
 matched none are known to be unsound and the next draft assumes they were rejected, so
 a miss costs one step's drafts, never more.  vLLM then prepares step n + 1 under step
 n's forward pass, as for a step without drafts: no host time on the step's path.
@@ -38,11 +38,8 @@ and vLLM's input preparation are host time on the step's path (``HOST.path_ns``;
 """
 from __future__ import annotations
 
-import copy
 import os
 import time
-from dataclasses import dataclass, field
-from functools import cached_property
 from itertools import repeat
 from typing import Any
 
@@ -51,6 +48,8 @@ import numpy as np
 from vllm_rl.cost.host import WORKER as HOST     # the drafter's host time, for the trace
 from vllm_rl.das import hypotheses
 from vllm_rl.das.context import ContextWindows
+from vllm_rl.das.async_steps import (DraftPlan, InFlight, cut_to_drafts, on_device, padded,
+                                     to_host, upload, verified_drafts)
 from vllm_rl.das.state import StepRows
 from vllm_rl.das.tree import BatchDrafts
 
@@ -73,10 +72,10 @@ class AsyncDrafts:
         cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                  else os.cpu_count() or 1)
         self._threads = max(1, min(self.cfg.threads, cores))
-        self._sampled: _InFlight | None = None
-        self._in_flight: list[_InFlight] = []
-        self._taken: list[_InFlight] = []            # the steps the last catch-up took in
-        self._last: _InFlight | None = None
+        self._sampled: InFlight | None = None
+        self._in_flight: list[InFlight] = []
+        self._taken: list[InFlight] = []            # the steps the last catch-up took in
+        self._last: InFlight | None = None
         self._verifying = None                      # (rows, drafts, counts)
         self._drafted: dict[str, int] = {}
         self._wait_ns = 0                           # waited for the device, this step
@@ -117,8 +116,8 @@ class AsyncDrafts:
             counts.masked_fill_(torch.from_numpy(discard).to(counts.device), 0)
         last = sampled.gather(1, (counts.long() - 1).clamp_(min=0).unsqueeze(1))
         runner._copy_valid_sampled_token_count(last.squeeze(1).to(torch.int32), counts)
-        host, event = _to_host(sampled)
-        self._sampled = _InFlight(sampled=host, event=event, discard=discard, device=sampled)
+        host, event = to_host(sampled)
+        self._sampled = InFlight(sampled=host, event=event, discard=discard, device=sampled)
         HOST.drafter_ns += time.perf_counter_ns() - t0
 
     def _begin_async(self, runner):
@@ -189,17 +188,17 @@ class AsyncDrafts:
             if not spec:
                 return scheduler_output, {}, None
             rows = dict(zip(f.req_ids, range(len(f.req_ids)))) if ready is not None else {}
-            worker_output, cut, counts = _cut_to_drafts(
+            worker_output, cut, counts = cut_to_drafts(
                 scheduler_output, rows, [] if ready is None else ready.lengths.tolist())
             self._drafted = counts
             if ready is not None:
                 if hyp is None:
-                    drafts = _device(runner, _padded(ready.drafts, len(rows), self.k_max))
+                    drafts = on_device(runner, padded(ready.drafts, len(rows), self.k_max))
                 else:       # the hypothesis step n bears out, chosen on the device
                     drafts = hypotheses.select_on_device(
-                        f.device, tuple(_device(runner, x) for x in
+                        f.device, tuple(on_device(runner, x) for x in
                                         (hyp.tokens, hyp.drafts, hyp.fallback)))
-                _upload(runner, drafts, self.k_max, f.sched)
+                upload(runner, drafts, self.k_max, f.sched)
                 self._verifying = (rows, ready.drafts if hyp is None else hyp.drafts, counts, f)
             return worker_output, cut, counts
         finally:
@@ -234,7 +233,7 @@ class AsyncDrafts:
             f.fed = True
         return steps
 
-    def _ingest_async(self, f: "_InFlight", path: bool = False) -> StepRows:
+    def _ingest_async(self, f: "InFlight", path: bool = False) -> StepRows:
         """One async step's tokens on the host (:meth:`_ingest`) and in the requests'
         context windows; its rows, with what each feeds.  ``path``: the step just ran
         (the device has nothing queued): the time from its ids on is the step's path."""
@@ -268,18 +267,18 @@ class AsyncDrafts:
             self._sched = sched
         return step
 
-    def _plan(self, f: "_InFlight", verifying, draft: bool):
+    def _plan(self, f: "InFlight", verifying, draft: bool):
         """The draft lengths of the rows of the last step ``f`` (vLLM's async path reads
         the drafts by its rows) for the step after it, and the contexts they draft from.
 
-        ``f`` taken in (:attr:`_InFlight.fed`): the contexts are known.  Not yet (the
+        ``f`` taken in (:attr:`InFlight.fed`): the contexts are known.  Not yet (the
         lookahead, ``DASConfig.lookahead``): ``f`` is still on the device, and each
         row's context is its window (up to the step before ``f``) followed by the drafts
         ``f`` verifies (``verifying``, as the device chose them) and ``f``'s outcome,
         one draft per hypothesis of it (:meth:`_branches`).  A row whose drafts in
         ``f`` were made on an outcome of the step before that did not come true (known
         once that step is taken in) is assumed to have them rejected: its hypotheses
-        are its next token only.  Returns the :class:`_Plan` (None without ``draft``:
+        are its next token only.  Returns the :class:`~.async_steps.DraftPlan` (None without ``draft``:
         lengths decided only)."""
         n = len(f.req_ids)
         empty = np.zeros(0, dtype=np.int32)
@@ -290,7 +289,7 @@ class AsyncDrafts:
         generated = np.where(das, S.generated[step.safe], 0)
         extra, k, d = 0, None, None
         if not f.fed:
-            k, d = _verified_drafts(verifying, f.req_ids, self.k_max)
+            k, d = verified_drafts(verifying, f.req_ids, self.k_max)
             # drafts made on a guess that the step before did not bear out are assumed
             # rejected: the row is assumed to take only its bonus token
             k = np.where(das & ~S.guess_ok[step.safe], 0, k)
@@ -304,7 +303,7 @@ class AsyncDrafts:
         if not draft:
             return None
         contexts, context_len = self._windows.view(step.slots)
-        return _Plan(step, contexts, context_len, phase, extra, k, d)
+        return DraftPlan(step, contexts, context_len, phase, extra, k, d)
 
     def _tree_call(self, feeds: list[StepRows], plan) -> Any:
         """One C++ call for the step: the counted tokens of ``feeds`` into their trees
@@ -385,7 +384,7 @@ class AsyncDrafts:
         self.host_ns["draft"] += res.draft_ns
         return res._replace(drafts=res.drafts[m:], lengths=res.lengths[m:])
 
-    def _branches(self, plan: "_Plan") -> hypotheses.Hypotheses:
+    def _branches(self, plan: "DraftPlan") -> hypotheses.Hypotheses:
         """The lookahead's hypotheses for the drafting rows of ``plan`` (one C++ call,
         :func:`.hypotheses.build`): per row, of the outcomes of the step on the device
         (a of its drafts accepted, then one of the ``DASConfig.branches`` most frequent
@@ -402,7 +401,7 @@ class AsyncDrafts:
         self.host_ns["draft"] += ns
         return hyp
 
-    def _take_guess(self, f: "_InFlight", plan: "_Plan", res):
+    def _take_guess(self, f: "InFlight", plan: "DraftPlan", res):
         """The drafts of the step being prepared and, under the lookahead, the
         hypotheses they were made on (``res``; kept on ``f``, whose outcome they guess,
         checked when ``f`` is taken in): each row verifies the slots its hypotheses
@@ -416,147 +415,6 @@ class AsyncDrafts:
             self._phase_cut(plan.phase, res.lengths)
         self._note_width(res.lengths, plan.step.n)
         return res, hyp
-
-
-@dataclass
-class _InFlight:
-    """An async step whose sampled ids are on their way to the host, with its rows as
-    the runner had them."""
-
-    sampled: Any                 # host tensor [rows, k + 1]
-    event: Any                   # its copy's event (None: already on the host)
-    discard: np.ndarray          # rows whose sample is discarded (a prefill chunk)
-    req_ids: list = field(default_factory=list)
-    owners: list = field(default_factory=list)   # the runner's state of each row
-    n_prompt: Any = None         # prompt lengths
-    sched: Any = None            # the step's scheduler output (as the worker ran it)
-    drafted: Any = None          # draft tokens each row was verified on in the step
-    fed: bool = False            # its tokens were taken in
-    device: Any = None           # its sampled ids on the device
-    hyps: Any = None             # lookahead: the hypotheses of its outcome (.hypotheses)
-    matched: Any = None          # per row, the hypothesis it bore out (-1: none), once fed
-    row_slots: Any = None        # its rows' slots as first mapped (RequestBook._rows)
-    row_epochs: Any = None       # and those slots' epochs then
-
-    @cached_property
-    def ids(self) -> set:
-        """Its request ids as a set."""
-        return set(self.req_ids)
-
-
-@dataclass
-class _Plan:
-    """The drafts to make for the rows of the last step (:meth:`DASProposer._plan`):
-    lengths in ``step.max_tokens``, contexts, the phase cap's cut, and under the
-    lookahead (``extra`` = 1: that step's outcome is hypothesised) the drafts ``d`` each
-    row verifies in that step, ``k`` of them sound."""
-
-    step: StepRows
-    contexts: np.ndarray
-    context_len: np.ndarray
-    phase: Any
-    extra: int
-    k: Any
-    d: Any
-
-
-def _to_host(t):
-    """Start ``t``'s copy to the host: (host tensor, event to wait on, or None)."""
-    import torch
-
-    if t.device.type == "cpu":
-        return t, None
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    return host, event
-
-
-def _padded(drafts: np.ndarray, n: int, k_max: int) -> np.ndarray:
-    """``drafts`` as ``[n, k_max]`` int32 (zero padded)."""
-    out = np.zeros((n, k_max), dtype=np.int32)
-    w = min(k_max, drafts.shape[1]) if drafts.ndim == 2 else 0
-    if w:
-        out[:, :w] = drafts[:n, :w]
-    return out
-
-
-def _device(runner, arr: np.ndarray):
-    """``arr`` on the runner's device (a non-blocking copy from pinned memory)."""
-    import torch
-
-    t = torch.from_numpy(np.ascontiguousarray(arr))
-    if runner.device.type != "cpu":
-        t = t.pin_memory().to(runner.device, non_blocking=True)
-    return t
-
-
-def _upload(runner, t, k_max: int, sched) -> None:
-    """Put the drafts (``[rows, k_max]`` int32 on the device) where vLLM's async path
-    scatters them into the step's input ids (``_draft_token_ids``, rows of the previous
-    step, ``prev_num_spec_tokens`` wide)."""
-    runner._draft_token_ids = t
-    runner.prev_num_spec_tokens = k_max
-    if runner._draft_token_req_ids is not None:      # penalties read the drafts on the host
-        runner._copy_draft_token_ids_to_cpu(sched)
-
-
-def _verified_drafts(verifying, req_ids, k_max: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of ``req_ids``: how many drafts it verifies in the step on the device,
-    and those drafts (``[rows, k_max]``), from what :meth:`DASProposer.before_step`
-    uploaded for that step (``(rows, drafts, counts, step before)``; None: no drafts).
-    Hypotheses' drafts (``[rows, H, k_max]``) are the ones the step before bore out
-    (:attr:`_InFlight.matched`); a row that bore out none verifies no sound draft."""
-    n = len(req_ids)
-    d = np.zeros((n, k_max), dtype=np.int32)
-    if verifying is None:
-        return np.zeros(n, dtype=np.int64), d
-    rows, drafts, counts, before = verifying
-    k = np.fromiter(map(counts.get, req_ids, repeat(0)), dtype=np.int64, count=n)
-    idx = np.fromiter(map(rows.get, req_ids, repeat(-1)), dtype=np.int64, count=n)
-    if drafts.ndim == 3:
-        m = before.matched if before.matched is not None else np.full(len(drafts), -1)
-        k = np.where(m[np.maximum(idx, 0)] >= 0, k, 0)
-        drafts = drafts[np.arange(len(drafts)), np.maximum(m, 0)]
-    ok = np.flatnonzero((idx >= 0) & (k > 0))
-    w = min(k_max, drafts.shape[1]) if drafts.ndim == 2 else 0
-    if len(ok) and w:
-        d[ok, :w] = drafts[idx[ok], :w]
-    return np.minimum(k, w), d
-
-
-def _cut_to_drafts(sched, rows: dict, lengths: list):
-    """The scheduler output as the worker runs it: each request scheduled on its draft
-    only (``lengths[rows[rid]]``, at most the scheduler's placeholders; none for a
-    request not in ``rows``).  Returns it (a copy where any request was cut: the
-    scheduler's own object is left as it scheduled), the requests cut with the
-    scheduler's count, and each request's draft count.  Hot path: one pass over the
-    step's speculative requests."""
-    spec = sched.scheduled_spec_decode_tokens
-    get = rows.get
-    counts, cut, kept = {}, {}, {}
-    num = total = None
-    for rid, toks in spec.items():
-        i = get(rid)
-        m = len(toks)
-        k = 0 if i is None else min(lengths[i], m)
-        if k:
-            counts[rid] = k
-            kept[rid] = toks if k == m else toks[:k]
-        if k < m:
-            if num is None:
-                num, total = dict(sched.num_scheduled_tokens), sched.total_num_scheduled_tokens
-            cut[rid] = m
-            num[rid] -= m - k
-            total -= m - k
-    if not cut:
-        return sched, cut, counts
-    out = copy.copy(sched)
-    out.scheduled_spec_decode_tokens = kept
-    out.num_scheduled_tokens = num
-    out.total_num_scheduled_tokens = total
-    return out, cut, counts
 
 
 __all__ = ["AsyncDrafts", "PATH_ATTR", "PREP_ATTR"]

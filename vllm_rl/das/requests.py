@@ -61,7 +61,7 @@ class RequestBook:
         requests seen for the first time (and a new request under a reused id).  C-level
         passes over vLLM's lists only: a request's own Python runs at its admission.
 
-        ``memo`` (an async step's :class:`~.async_drafts._InFlight`, mapped twice: its
+        ``memo`` (an async step's :class:`~.async_steps.InFlight`, mapped twice: its
         drafts planned, then its tokens taken in) keeps the rows' slots with their
         epochs; the second mapping reuses them while no slot of theirs changed hands."""
         S = self.slots
