@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from vllm_rl.bench import train, train_report, train_run
+from vllm_rl.bench.train import command as train
+from vllm_rl.bench.train import report as train_report
+from vllm_rl.bench.train import run as train_run
 
 
 def test_quick_run_resumes_from_its_last_step_and_writes_the_table_json_and_png(tmp_path):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from vllm_rl.bench import overhead_budget as ob
+from vllm_rl.bench.overhead import budget as ob
 
 
 def _run(live, schedule, update, drafter=None, scorer=None, decode=None, scored=None):
@@ -126,7 +126,7 @@ def test_picture_writes_a_png(tmp_path):
 def test_scheduler_mode_runs_whole_rollouts_with_every_early_end():
     """--mode scheduler: the same requests and tokens on vLLM's Scheduler and on the RL
     scheduler; every sample ends, the RL one with each workload's early ends."""
-    from vllm_rl.bench.overhead_sched import run_once
+    from vllm_rl.bench.overhead.scheduler import run_once
 
     stock = run_once(False, "all", live=32, max_tokens=64)
     rl = run_once(True, "all", live=32, max_tokens=64)

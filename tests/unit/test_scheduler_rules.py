@@ -19,7 +19,7 @@ from vllm_rl import rl_params
 from vllm_rl.arrol.rule import ArrolVerdict
 from vllm_rl.darts.rule import annotate_group
 from vllm_rl.duet.rule import seeded_coin
-from vllm_rl.bench.overhead_sched import standalone_scheduler
+from vllm_rl.bench.overhead.scheduler import standalone_scheduler
 from vllm_rl.engine.scheduler import RLSyncScheduler
 from vllm_rl.flags import KEY, read
 from vllm_rl.outcome import Reason, RolloutInfo

@@ -1,5 +1,5 @@
 """The trainer's cost model (vllm_rl.cost.trainer), the bench's time axes
-(vllm_rl.bench.train_axes) and its per-step checkpoints (vllm_rl.bench.train_resume):
+(vllm_rl.bench.train.budget) and its per-step checkpoints (vllm_rl.bench.train.resume):
 pure Python, no engine; one CPU run of the trainer measurer at a tiny shape."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pickle
 
 import pytest
 
-from vllm_rl.bench import train_budget, train_resume
+from vllm_rl.bench.train import budget as train_budget
+from vllm_rl.bench.train import resume as train_resume
 from vllm_rl.cost.shapes import SHAPES, Shape
 from vllm_rl.cost.trainer import (GPUS, MODEL, TOPOLOGIES, TrainedBatch, TrainerCost,
                                   TrainerTime, end_to_end, topology)
@@ -110,7 +111,7 @@ def _run(name: str, seed: int, accs: list[float], rollout: float, prompt: int, c
 def test_every_axis_priced_and_the_trainer_dilutes_a_rollout_gain():
     """A configuration whose rollout is half stock's, training the same batches: 2x on
     the rollout axis, less end to end, and less still with the trainer twice as slow."""
-    from vllm_rl.bench import train_report as train
+    from vllm_rl.bench.train import report as train
 
     cost = TrainerCost.load(HEADLINE)
     runs = [_run("stock", s, [0.6, 0.7], 1.0, 64, 2048) for s in range(2)]

@@ -18,7 +18,7 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request
 
 from vllm_rl import rl_params
-from vllm_rl.bench.overhead_sched import standalone_scheduler
+from vllm_rl.bench.overhead.scheduler import standalone_scheduler
 from vllm_rl.engine.scheduler import RLScheduler, RLSyncScheduler
 from vllm_rl.flags import KEY, read
 

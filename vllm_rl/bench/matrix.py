@@ -2,7 +2,7 @@
 
 One place for the flags of ``stock``, each technique alone and the default combination
 (``all``), shared by the step benchmark (:mod:`.step`) and the time-to-accuracy benchmark
-(:mod:`.train`):
+(:mod:`vllm_rl.bench.train.command`):
 
 * ``darts``: DARTS Alg. 2 with Alg. 1's per-prompt M' in [M, 2M] (a planner,
   :class:`vllm_rl.darts.DartsPlanner`: dual-end K = M − 1, L = 1; shortest-only with early

@@ -59,7 +59,7 @@ def parser(prog: str = "vllm-rl bench points") -> argparse.ArgumentParser:
 
 def _interval(xs: list[float]) -> tuple[float, float, float]:
     """Mean and a 95% t-interval over seeds (one seed: no interval)."""
-    from vllm_rl.bench.train_report import t_interval
+    from vllm_rl.bench.train.report import t_interval
 
     return t_interval(xs)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 def render(doc: dict) -> str:
     if "runs" in doc and doc["runs"] and "heldout_start" in doc["runs"][0]:
-        from vllm_rl.bench import train_report
+        from vllm_rl.bench.train import report as train_report
 
         summary = train_report.summarize(doc["runs"])
         parts = [train_report.table(summary)]

@@ -27,8 +27,9 @@ SUBCOMMANDS = {   # name -> (module, one line of help)
     "points": ("vllm_rl.bench.points", "the operating-point table: speed-up over stock by "
                "batch size (one step run per size and seed), host-counted and GPU-only, "
                "JSON and PNG"),
-    "train": ("vllm_rl.bench.train", "time to accuracy: TRL GRPO on the embedded model "
-              "through the engine, stock vs each technique vs all four, several seeds"),
+    "train": ("vllm_rl.bench.train.command", "time to accuracy end to end (rollout, trainer and "
+              "weight sync): TRL GRPO on the embedded model through the engine, stock vs "
+              "the configurations asked, several seeds"),
     "das": ("vllm_rl.bench.das", "DAS over several epochs vs stock vLLM and vLLM's ngram "
             "and suffix drafters"),
     "das-batch": ("vllm_rl.bench.das_batch", "DAS drafting's throughput gain by batch size "
@@ -40,7 +41,7 @@ SUBCOMMANDS = {   # name -> (module, one line of help)
     "duet-gate": ("vllm_rl.bench.duet_gate", "DUET's gate in the model's regime beside "
                   "the paper's (marker-less share, length tail, group balance) and what "
                   "its baseline costs, with common random numbers"),
-    "overhead": ("vllm_rl.bench.overhead", "host time per request-step (scheduling, "
+    "overhead": ("vllm_rl.bench.overhead.command", "host time per request-step (scheduling, "
                  "update, drafter, scorer) at up to 1,024 live sequences, RL engine vs "
                  "stock vLLM, against the budgets (--mode throughput: flagless tokens/s)"),
     "host-parts": ("vllm_rl.bench.host_parts", "where stock vLLM's and the DAS engine's host "

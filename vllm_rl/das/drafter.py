@@ -48,7 +48,7 @@ settings stay per request per step: ``policy="optimal"`` (Eq. 6-7 fits (k, alpha
 the expected remaining length per request in Python, ~10-20 µs per optimal request)
 and ``batch_cap="phase"`` (the acceptance estimates are one vectorised bisection, but
 :func:`vllm_rl.das.batch_caps.phase_budgets` is a heap over the distinct (q, cap) pairs,
-~1-3 µs per drafting request).  ``python -m vllm_rl.bench.das_host`` measures it.
+~1-3 µs per drafting request).  ``python -m vllm_rl.bench.overhead.das_drafter`` measures it.
 
 The drafter's parts: :mod:`.requests` (admission, each step's counts, natural ends,
 sealing, rounds), :mod:`.draft_lengths` (step 3: budgets and the batch cap, one cap chosen at

@@ -1,7 +1,7 @@
 """The DAS drafter's host time per request-step, without an engine.
 
-    python -m vllm_rl.bench.das_host                       # 128, 512, 1,024 rows
-    python -m vllm_rl.bench.das_host --rows 1024 --steps 64 --batch-cap linear
+    python -m vllm_rl.bench.overhead.das_drafter                       # 128, 512, 1,024 rows
+    python -m vllm_rl.bench.overhead.das_drafter --rows 1024 --steps 64 --batch-cap linear
 
 :func:`measure` drives :meth:`vllm_rl.das.drafter.DASProposer.propose` the way vLLM's
 model runner does (``sampled_token_ids`` as lists, ``num_tokens_no_spec`` and the
@@ -20,7 +20,7 @@ C++ draft (the batched call's own per-phase CPU times), and the Python around th
 (``python`` = total - feed - draft).  With ``background_feed`` (the default) the rows
 that draft nothing are fed on the drafter's feeder thread, off the step's path: their
 CPU time is apart (``feed_background``), and what the next step waits for it is in
-``total``.  The DAS budget of the overhead benchmark (:mod:`vllm_rl.bench.overhead`) is
+``total``.  The DAS budget of the overhead benchmark (:mod:`vllm_rl.bench.overhead.command`) is
 3 µs per request-step.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@
     vllm-rl bench overhead --mode scheduler --live 1024   # the schedulers alone (below)
     vllm-rl bench overhead --mode throughput [...]     # flagless throughput A/B (below)
 
-``--mode host`` (the default, :mod:`.overhead_host`) measures the host time of every
+``--mode host`` (the default, :mod:`vllm_rl.bench.overhead.host`) measures the host time of every
 engine step per live request, at several live-sequence counts (``--live``, prompts × n,
 n = 8), for each workload (``--workloads``: flagless, each technique alone, all four,
 with the flags of ``vllm-rl bench step``), on stock vLLM and on the RL engine in the same
@@ -26,15 +26,15 @@ flagless within stock's noise, flagged schedule+update ≤ 1.25 × vLLM's, DAS d
 ≤ 3 µs per request-step; the ARRoL scorer's time per step and per scored row is reported.
 A markdown table on stdout, JSON and a PNG (bars at the largest count) in ``--out``
 (``overhead-<time>.json`` / ``.png``), vLLM's logs in ``--out/overhead-vllm-host-*.log``;
-figures: :mod:`.overhead_budget`.  Host times are noisy on a shared machine: compare
+figures: :mod:`vllm_rl.bench.overhead.budget`.  Host times are noisy on a shared machine: compare
 ratios from the same run, and rerun on a quiet machine for the absolute figures.
 
-``--mode scheduler`` (:mod:`.overhead_sched`) times vLLM's ``Scheduler`` and the RL
+``--mode scheduler`` (:mod:`vllm_rl.bench.overhead.scheduler`) times vLLM's ``Scheduler`` and the RL
 scheduler alone, stepped on hand-built model outputs (no model, no worker) through whole
 rollouts with every early end of each workload: the part of the host time the RL
 scheduler adds to vLLM's, steady to a few percent even on a shared machine.
 
-``--mode throughput`` (:mod:`.overhead_throughput`) is the earlier benchmark: generated
+``--mode throughput`` (:mod:`vllm_rl.bench.overhead.throughput`) is the earlier benchmark: generated
 tokens per second of a flagless rollout on the RL engine over stock's, wall and CPU time,
 optionally under cProfile (``--profile``), with control engines (``--baseline``,
 ``--candidate``).
@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_rl.bench.overhead_host import WORKLOADS
-from vllm_rl.bench.overhead_throughput import ENGINES
+from vllm_rl.bench.overhead.host import WORKLOADS
+from vllm_rl.bench.overhead.throughput import ENGINES
 
 # per-mode defaults of the options both modes take
 DEFAULTS = {"host": {"repeats": 3, "max_tokens": 96, "max_model_len": 1024},
@@ -97,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
     host.add_argument("--cost", default="h100:qwen3-8b",
                       help="the step-cost table the DAS engine plans with (as bench step)")
     host.add_argument("--das-host", type=int, default=0, metavar="STEPS",
-                      help="also time the DAS drafter alone (vllm_rl.bench.das_host.measure, "
+                      help="also time the DAS drafter alone (vllm_rl.bench.overhead.das_drafter.measure, "
                            "no engine) over STEPS steps at each live count (default 0: off)")
     host.add_argument("--model", default=None, help="model path (default: the embedded model)")
     tp = ap.add_argument_group("--mode throughput")
@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> dict:
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.mode == "throughput":
-        from vllm_rl.bench.overhead_throughput import run
+        from vllm_rl.bench.overhead.throughput import run
     elif args.mode == "scheduler":
-        from vllm_rl.bench.overhead_sched import run
+        from vllm_rl.bench.overhead.scheduler import run
     else:
-        from vllm_rl.bench.overhead_host import run
+        from vllm_rl.bench.overhead.host import run
     return run(args)
 
 

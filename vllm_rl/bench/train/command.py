@@ -33,7 +33,7 @@ trains until its projected end-to-end time reaches stock's for the same seed (``
 time``; at most ``--max-steps``), so a faster configuration gets more steps, as it would
 on the named GPUs in the same hours.  A step's end-to-end time is its rollout plus the
 trainer's time for it and the weight sync on ``--topology``
-(:mod:`vllm_rl.bench.train_budget`, :mod:`vllm_rl.cost.trainer`): colocated, one after
+(:mod:`vllm_rl.bench.train.budget`, :mod:`vllm_rl.cost.trainer`): colocated, one after
 the other, on the headline topology.  ``--budget rollout`` charges the rollout alone (the
 trainer free: how the project's earlier runs were made), ``--budget steps`` gives every
 configuration ``--steps``.  The learning rate is constant (``--lr-schedule constant``),
@@ -50,24 +50,24 @@ never-trained prompts × ``--eval-samples`` samples at the training temperature,
 seeded samples for every configuration (common random numbers).
 
 The headline is the **speed-up at equal accuracy**, end to end: for accuracy levels up to
-stock's mean final accuracy (:func:`~vllm_rl.bench.train_report.levels`), stock's
+stock's mean final accuracy (:func:`~vllm_rl.bench.train.report.levels`), stock's
 projected time to the level over the configuration's, per seed (same seed: same prompts,
 same held-out samples), their geometric mean with a 95% Student-t interval on the log
-scale over the seeds where both reach it (:func:`~vllm_rl.bench.train_report.speedups`),
+scale over the seeds where both reach it (:func:`~vllm_rl.bench.train.report.speedups`),
 with the rollout-only axes beside it, and at stock's final mean on every axis: each
 accounting, the trainer at half and twice its modelled time, the other topologies of
 the shape.
 
-Also reported per configuration (:mod:`vllm_rl.bench.train_report`): final held-out
+Also reported per configuration (:mod:`vllm_rl.bench.train.report`): final held-out
 accuracy with a 95% confidence interval over seeds and its difference from stock paired
 by seed, the time to stock's final accuracy, total projected times, tokens, the
 staleness of partial rollouts (trained samples and tokens older than the step's
 weights, the mean token age) and the learning-signal diagnostics (samples in the loss
 per group, zero-advantage groups, ESS, 1/eps weight share).  A PNG of held-out accuracy
 against cumulative end-to-end time, rollout time and the step, with seed bands.  Runs go
-to ``--workers`` processes (one CPU thread each, :mod:`vllm_rl.bench.train_run`); each
+to ``--workers`` processes (one CPU thread each, :mod:`vllm_rl.bench.train.run`); each
 finished step is checkpointed, so ``--resume`` goes on from a stopped run's last step
-(:mod:`vllm_rl.bench.train_resume`); the JSON keeps every step of every run.
+(:mod:`vllm_rl.bench.train.resume`); the JSON keeps every step of every run.
 """
 from __future__ import annotations
 
@@ -79,10 +79,10 @@ from pathlib import Path
 
 from vllm_rl.bench.logs import provenance
 from vllm_rl.bench.matrix import CONFIGS, is_config
-from vllm_rl.bench.train_budget import budget_of, spend_key
-from vllm_rl.bench.train_report import (axes_table, plot, seeds_table, speedup_table,
+from vllm_rl.bench.train.budget import budget_of, spend_key
+from vllm_rl.bench.train.report import (axes_table, plot, seeds_table, speedup_table,
                                         summarize, table, topology_table)
-from vllm_rl.bench.train_run import _messages, _worker
+from vllm_rl.bench.train.run import _messages, _worker
 from vllm_rl.cost.trainer import TOPOLOGIES, TrainerCost, topology
 
 

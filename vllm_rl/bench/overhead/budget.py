@@ -1,7 +1,7 @@
 """The host-budget figures of ``vllm-rl bench overhead``: pure functions, no engine.
 
 A *run* is one workload at one live-sequence count on one engine (stock vLLM or the RL
-engine), as the worker sends it back (:mod:`.overhead_host`): per engine step its live
+engine), as the worker sends it back (:mod:`vllm_rl.bench.overhead.host`): per engine step its live
 sequences (the sequences it scheduled), its scheduled tokens, whether it was a decode
 step (every sequence past its prompt), and its host times in ns from the step trace
 (:class:`vllm_rl.engine.trace.StepTrace`): ``schedule_ns``, ``update_ns``,

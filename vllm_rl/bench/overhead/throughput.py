@@ -148,7 +148,7 @@ def _rl_functions(prof, top: int = 25) -> list[dict]:
 
 
 def run(args) -> dict:
-    """The throughput A/B (module docstring); ``args`` from :func:`.overhead.parser`."""
+    """The throughput A/B (module docstring); ``args`` from :func:`vllm_rl.bench.overhead.command.parser`."""
     Path(args.out).mkdir(parents=True, exist_ok=True)
     wargs = {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
              "max_model_len": args.max_model_len, "seed": args.seed, "out": args.out,

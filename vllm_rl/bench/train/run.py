@@ -1,6 +1,6 @@
 """One ``vllm-rl bench train`` run, in a worker process: TRL's GRPO on the embedded model
 with rollouts from an in-process engine (:func:`run_one`), each step recorded, priced
-(:mod:`vllm_rl.bench.train_budget`) and checkpointed (:mod:`vllm_rl.bench.train_resume`);
+(:mod:`vllm_rl.bench.train.budget`) and checkpointed (:mod:`vllm_rl.bench.train.resume`);
 the workers (:func:`_worker`) and the parent's view of them (:func:`_messages`)."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import statistics
 import time
 from pathlib import Path
 
-from vllm_rl.bench import train_resume
+from vllm_rl.bench.train import resume as train_resume
 from vllm_rl.bench.matrix import parse, technique_flags
-from vllm_rl.bench.train_budget import price_step, spend_key
+from vllm_rl.bench.train.budget import price_step, spend_key
 from vllm_rl.cost.trainer import TrainerCost
 
 
@@ -67,7 +67,7 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
     """One GRPO run of ``name`` with ``seed``: per-step figures and the eval curve.
     ``budget_s``: train until the projected time on the budget's axis (:func:`spend_key`)
     reaches it (at most ``max_steps``), the last step evaluated; None: ``args.steps``
-    steps.  Each finished step is checkpointed (:mod:`vllm_rl.bench.train_resume`); with
+    steps.  Each finished step is checkpointed (:mod:`vllm_rl.bench.train.resume`); with
     ``args.resume`` a stopped run goes on from its last one."""
     import random
 

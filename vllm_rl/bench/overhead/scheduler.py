@@ -15,7 +15,7 @@ the summed live requests of the steps, for every step from the first to the last
 Because nothing else runs, it is steady to a few percent even on a shared machine, and it
 is exactly the part of the host time the RL scheduler adds to vLLM's; the model
 runner's parts (DAS's drafter, ARRoL's scorer) are measured by ``--mode host`` and
-``vllm_rl.bench.das_host``.
+``vllm_rl.bench.overhead.das_drafter``.
 """
 from __future__ import annotations
 

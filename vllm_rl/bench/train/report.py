@@ -7,7 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-from vllm_rl.bench.train_budget import AXES, AXIS_WORDS, present, price
+from vllm_rl.bench.train.budget import AXES, AXIS_WORDS, present, price
 from vllm_rl.cost.trainer import TOPOLOGIES, TrainerCost, topology
 from vllm_rl.integrations.common.partial import AGE_BINS
 

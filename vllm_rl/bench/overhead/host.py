@@ -25,7 +25,7 @@ n, so they stop early) and ``min_tokens`` (holds the batch at its full size over
 measured window), and steps the engine to the end.  Steps before every sequence has its
 first token are prefill steps (reported apart); the figures are over the decode steps
 after ``--skip`` with at least ``--live-floor`` × the target live
-(:func:`.overhead_budget.run_figures`).  Stock runs the same requests (it ignores the
+(:func:`vllm_rl.bench.overhead.budget.run_figures`).  Stock runs the same requests (it ignores the
 flags).  Before the timed runs each engine does one untimed run at the largest count
 (RL: every technique, which also fills DAS's trees for every prompt).
 """
@@ -178,11 +178,11 @@ def _worker(role: str, conn, args: dict) -> None:
 
 def das_host_figures(lives: list[int], steps: int, cost: str | None) -> dict:
     """The DAS drafter alone at each live count (``--das-host STEPS``):
-    ``vllm_rl.bench.das_host.measure(rows, steps)`` where it exists, in this process."""
+    ``vllm_rl.bench.overhead.das_drafter.measure(rows, steps)`` where it exists, in this process."""
     try:
-        from vllm_rl.bench.das_host import measure
+        from vllm_rl.bench.overhead.das_drafter import measure
     except ImportError as e:
-        return {"error": f"vllm_rl.bench.das_host.measure unavailable: {e}"}
+        return {"error": f"vllm_rl.bench.overhead.das_drafter.measure unavailable: {e}"}
     out: dict = {}
     for live in lives:
         try:
@@ -248,7 +248,7 @@ def _stop(workers: dict) -> None:
 
 def run(args) -> dict:
     """The host-budget benchmark (module docstring): table, JSON, PNG."""
-    from vllm_rl.bench import overhead_budget as ob
+    from vllm_rl.bench.overhead import budget as ob
 
     lives = sorted({int(x) for x in str(args.live).split(",") if x})
     workloads = [w for w in args.workloads.split(",") if w]
@@ -322,7 +322,7 @@ def run(args) -> dict:
           f"{os.cpu_count()} CPUs.\n")
     print(ob.table(doc["rows"]))
     if das_host:
-        print("\nDAS drafter without an engine (vllm_rl.bench.das_host.measure, CPU µs per "
+        print("\nDAS drafter without an engine (vllm_rl.bench.overhead.das_drafter.measure, CPU µs per "
               f"request-step, budget ≤ {ob.DRAFTER_US_BUDGET:g}):")
         for live, res in das_host.items():
             if not isinstance(res, dict) or "error" in res:
