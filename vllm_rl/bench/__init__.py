@@ -20,5 +20,5 @@ line in ``command.py`` (:data:`vllm_rl.cli.bench.SUBCOMMANDS`); the rest are the
 shared parts.  An investigation that answered one question once leaves the package with
 its test, and ``docs/benchmarks.md`` names the commit that ran it.  ``benchmarks/`` in the
 checkout holds only stand-alone micro-benchmarks (the suffix tree, the ARRoL head kernel,
-the PTL curve).
+the PTL curve, the record's carrier).
 """
