@@ -306,7 +306,7 @@ def _code_words() -> tuple[frozenset[str], str, tuple[str, ...]]:
 
     texts, paths = [], []
     for folder in ("vllm_rl", "patches", "kernels", "csrc", "tests", "scripts", "examples",
-                   "benchmarks", ".ci"):
+                   "benchmarks", ".ci", "docs"):
         for f in (ROOT / folder).rglob("*"):
             if f.is_file() and "__pycache__" not in f.parts:
                 paths.append("/" + f.relative_to(ROOT).as_posix())

@@ -3,7 +3,8 @@
 - :mod:`.engines`: the two engines every benchmark compares (stock vLLM and the RL engine,
   in-process with the step trace; optionally with an H100's scheduler limits);
 - :mod:`.matrix`: what each configuration sends (each technique alone, all four);
-- :mod:`.step`: one rollout step per configuration vs stock (``vllm-rl bench``);
+- :mod:`vllm_rl.bench.step`: one rollout step per configuration vs stock (``vllm-rl bench``:
+  its command line and its parts, one folder);
 - :mod:`vllm_rl.bench.train`: time to accuracy end to end, GRPO through the engine
   (``vllm-rl bench train``: its command line and its parts, one folder);
 - :mod:`.das`, :mod:`.das_batch`, :mod:`.arrol`, :mod:`.arrol_gate`, :mod:`.duet_gate`: the

@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
     from vllm_rl import rl_params
     from vllm_rl.bench.engines import rl_engine, shutdown, stock_engine
     from vllm_rl.bench.logs import provenance, vllm_log_to
-    from vllm_rl.bench.step import _drive
+    from vllm_rl.bench.step.run import drive as _drive
     from vllm_rl.cost import load_cost
     from vllm_rl.engine.trace import engine_trace
     from vllm_rl.task import MODEL_PATH, heldout_prompts

@@ -141,7 +141,7 @@ def _labelled(point: dict, label: str, m: int) -> dict:
 
 
 def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> dict:
-    from vllm_rl.bench import step
+    from vllm_rl.bench.step import command as step
 
     args = parser(prog).parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]

@@ -26,7 +26,7 @@ def render(doc: dict) -> str:
                 parts.append(f"{title}:\n\n{text}")
         return "\n\n".join(parts)
     if "summary" in doc and isinstance(doc["summary"], list):
-        from vllm_rl.bench import step
+        from vllm_rl.bench.step import report as step
 
         base = f"stock-{doc['args']['m']}"
         return step.table(doc["summary"], base)

@@ -21,7 +21,7 @@ import importlib
 import sys
 
 SUBCOMMANDS = {   # name -> (module, one line of help)
-    "step": ("vllm_rl.bench.step", "one rollout step per configuration (each technique, all "
+    "step": ("vllm_rl.bench.step.command", "one rollout step per configuration (each technique, all "
              "four) vs stock vLLM: tokens, steps, training group, diagnostics, CPU and "
              "projected GPU time, without and with the host time"),
     "points": ("vllm_rl.bench.points", "the operating-point table: speed-up over stock by "
