@@ -27,6 +27,27 @@ def test_prompt_sets_are_fixed_and_disjoint():
     assert all(parse_prompt(p.prompt) == p for p in held[:32])
 
 
+def test_outside_prompts_are_seeded_and_outside_training_and_heldout():
+    from vllm_rl.task.problems import outside_prompts
+
+    got = outside_prompts(7, 32, pool=512)
+    assert got == outside_prompts(7, 32, pool=512) != outside_prompts(8, 32, pool=512)
+    inside = {p.prompt for p in train_problems(512)} | {p.prompt for p in heldout_problems(256)}
+    assert len(set(got)) == 32 and not set(got) & inside
+
+
+def test_bench_step_names_its_history_and_prompts():
+    from vllm_rl.bench.points import rests_on
+    from vllm_rl.bench.step.command import parser
+
+    args = parser().parse_args(["--history", "4", "--prompt-seed", "9", "--m", "8"])
+    assert (args.history, args.prompt_seed) == (4, 9)
+    assert "32 rollouts per problem" in rests_on(args) and "seed 9" in rests_on(args)
+    assert "fixed held-out" in rests_on(parser().parse_args([]))
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--history", "0"])
+
+
 def test_teacher_traces_are_verifiable():
     rng = random.Random(0)
     p = heldout_problems(1)[0]

@@ -40,6 +40,12 @@ def parser(prog: str = "vllm-rl bench points") -> argparse.ArgumentParser:
                     help="ARRoL's gate, as `vllm-rl bench step --arrol-gate` (the table's "
                          "runs: auc)")
     ap.add_argument("--host-scale", type=float, default=1.0)
+    ap.add_argument("--history", type=int, default=2,
+                    help="earlier steps of the same prompts before each timed one (what DAS's "
+                         "trees hold: M rollouts per problem a step; default 2)")
+    ap.add_argument("--prompt-seed", type=int, default=None,
+                    help="prompts drawn outside the training pool and the fixed held-out set, "
+                         "with this seed plus the run's seed (default: the fixed held-out set)")
     ap.add_argument("--das-config", default=None, metavar="JSON",
                     help="more DASConfig fields for the DAS engine, as `vllm-rl bench step "
                          "--das-config` (e.g. '{\"lookahead\": false}')")
@@ -105,6 +111,17 @@ def table(agg: dict, sizes: list[int], m: int) -> str:
     return "\n".join(lines)
 
 
+def rests_on(args) -> str:
+    """What the figures rest on: the prompts and the history in DAS's trees."""
+    history = getattr(args, "history", 2)
+    seed = getattr(args, "prompt_seed", None)
+    prompts = ("the fixed held-out prompts (the defaults were chosen on them)" if seed is None
+               else f"prompts outside the training pool and the held-out set (seed {seed} "
+               "+ run seed)")
+    return (f"{prompts}; {history} earlier step(s) of the same prompts "
+            f"({history * args.m} rollouts per problem in DAS's trees)")
+
+
 def _write(out: Path, args, points: list[dict], t0: float) -> dict:
     agg = aggregate(points, args.m)
     out.mkdir(parents=True, exist_ok=True)
@@ -128,6 +145,7 @@ def picture(agg: dict, sizes: list[int], args, path: Path) -> Path:
     return plots.speedups(
         lines, path, f"Speed-up over stock vLLM, one rollout step (M = {args.m}, max_tokens "
         f"{args.max_tokens}, projected on {args.cost}, host x {args.host_scale:g})\n"
+        f"{rests_on(args)}\n"
         f"solid: host time counted (mean, 95% CI over seeds); dotted: GPU-only",
         "stock-8 time / configuration time", dashed)
 
@@ -172,7 +190,9 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
                          "--configs", args.configs, "--cost", args.cost,
                          "--host-scale", str(args.host_scale), "--kv-gib", f"{kv:g}",
                          "--darts-budget", str(args.darts_budget),
-                         "--arrol-gate", args.arrol_gate,
+                         "--arrol-gate", args.arrol_gate, "--history", str(args.history),
+                         *(["--prompt-seed", str(args.prompt_seed + seed)]
+                           if args.prompt_seed is not None else []),
                          *(["--das-config", args.das_config] if args.das_config else []),
                          "--out", str(out / "runs")])
         points.append({"prompts": size, "seed": seed, "summary": res["summary"],
@@ -180,6 +200,7 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
         _write(out, args, points, t0)
     agg = _write(out, args, points, t0)
     png = picture(agg, sizes, args, out / "points.png")
+    print(f"Rests on {rests_on(args)}.")
     print(table(agg, sizes, args.m))
     print(f"\nresults: {out / 'points.json'}\npicture: {png}\n"
           f"total {time.perf_counter() - t0:.0f} s")

@@ -157,5 +157,12 @@ def heldout_prompts(n: int = 64) -> list[str]:
     return [p.prompt for p in heldout_problems(n)]
 
 
+def outside_prompts(seed: int, n: int, pool: int = 4096) -> list[str]:
+    """``n`` prompts drawn with ``seed`` outside the training pool (``train_problems(pool)``)
+    and the fixed held-out set: prompts no default was chosen on and no run trains on."""
+    exclude = set(train_problems(pool)) | set(heldout_problems(256))
+    return [p.prompt for p in _problem_set(seed, n, exclude)]
+
+
 def train_prompts(n: int = 4096) -> list[str]:
     return [p.prompt for p in train_problems(n)]

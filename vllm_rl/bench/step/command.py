@@ -7,8 +7,10 @@ one a user would build for it (:func:`vllm_rl.bench.matrix.engine_kind`): stock 
 RL engines with ARRoL's head; all three schedule asynchronously, as on a GPU.  The step
 is run as a trainer runs it:
 
-1. **Previous steps** (untimed, two): M samples per prompt on the RL engine, with DAS
-   (each problem's tree fills) and ARRoL scoring.  From their records: DARTS's length
+1. **Previous steps** (untimed, ``--history``, two by default): M samples per prompt on
+   the RL engine, with DAS (each problem's tree fills) and ARRoL scoring.  The prompts are
+   the fixed held-out set, or with ``--prompt-seed`` prompts drawn outside the training
+   pool and that set (ones no default was chosen on).  From their records: DARTS's length
    statistics per prompt (:class:`vllm_rl.darts.DartsPlanner`), DUET's K1/K2 as the
    engine's own estimate would give them (p30/p80 of the natural lengths, cut-short
    samples censored: :func:`vllm_rl.duet.rule.km_quantile`), and ARRoL's head and
@@ -69,6 +71,14 @@ def _budget(text: str) -> float | str:
     return text if text in ("adaptive", "cost") else float(text)
 
 
+def _history(text: str) -> int:
+    steps = int(text)
+    if steps < 1:
+        raise argparse.ArgumentTypeError("at least 1 earlier step (DUET's thresholds and "
+                                         "DARTS's lengths come from it)")
+    return steps
+
+
 def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1],
@@ -77,6 +87,14 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
                     help=f"comma-separated, among {', '.join(CONFIGS[1:] + EXTRA)} (the "
                          "stock baselines always run)")
     ap.add_argument("--prompts", type=int, default=16, help="held-out prompts (default 16)")
+    ap.add_argument("--prompt-seed", type=int, default=None,
+                    help="draw the prompts with this seed outside the training pool and the "
+                         "fixed held-out set, prompts no default was chosen on (default: the "
+                         "fixed held-out set)")
+    ap.add_argument("--history", type=_history, default=2,
+                    help="earlier steps of the same prompts before the timed one, each M "
+                         "samples a prompt: DAS's trees, DARTS's lengths, DUET's K1/K2 and "
+                         "ARRoL's head come from them (default 2; at least 1)")
     ap.add_argument("--m", type=int, default=8, help="training group size M (default 8)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--l-detect", type=int, default=24, help="ARRoL's l_detect (default 24)")
@@ -142,9 +160,11 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
     from vllm_rl.cost import load_cost
     from vllm_rl.darts import DartsPlanner
     from vllm_rl.task import MODEL_PATH, heldout_prompts
+    from vllm_rl.task.problems import outside_prompts
 
     model = args.model or str(MODEL_PATH)
-    prompts = heldout_prompts(args.prompts)
+    prompts = (heldout_prompts(args.prompts) if args.prompt_seed is None
+               else outside_prompts(args.prompt_seed, args.prompts))
     bar = tqdm(total=4, desc="vllm-rl bench step", unit="stage", dynamic_ncols=True)
     bar.set_postfix_str("starting engines (stock vLLM, RL, RL with DAS)")
     kv = int(args.kv_gib * (1 << 30))

@@ -46,11 +46,15 @@ def header(args, model: str, n_prompts: int, duet: dict, arrol: dict, plans: dic
     ns = [p.n for p in plans.values()]
     shortest = sum(p.mode == "shortest" for p in plans.values())
     auc = arrol.get("arrol/heldout_auc", float("nan"))
-    return (f"\n{model}\n{n_prompts} held-out prompts, M = {args.m} kept per prompt, "
+    drawn = ("the fixed held-out set" if args.prompt_seed is None
+             else f"drawn with seed {args.prompt_seed} outside the training pool")
+    return (f"\n{model}\n{n_prompts} prompts ({drawn}), M = {args.m} kept per prompt, "
             f"max_tokens {args.max_tokens}, temperature 1, one step per configuration "
             f"(median of {args.repeats}), interleaved with stock vLLM, in-process engines"
             f"{' with H100 scheduler limits' if args.gpu_limits else ''}.\n"
-            f"Previous steps gave DARTS M' = {min(ns)}..{max(ns)} (mean {statistics.fmean(ns):.1f}"
+            f"{args.history} previous step(s) of the same prompts ({args.history * args.m} "
+            f"rollouts per problem in DAS's trees) gave DARTS M' = {min(ns)}..{max(ns)} "
+            f"(mean {statistics.fmean(ns):.1f}"
             f", {shortest} of {len(ns)} prompts saturated: shortest-only), DUET K1/K2 = "
             f"{duet['k1']}/{duet['k2']}, ARRoL's head held-out AUC {auc:.2f} (gate "
             f"{'open' if arrol.get('arrol/gate_open') else 'shut'}).\n"

@@ -147,10 +147,11 @@ def _summarize_step(name: str, repeat: int, steps, groups: list, wall: float, co
 
 def previous_steps(rl, prompts: list[str], args, planner, feedback,
                    plain=None) -> tuple[dict, dict]:
-    """Two untimed steps on the DAS engine (module docstring): DAS trees, DARTS's length
-    statistics, DUET's K1/K2 and ARRoL's head (given to ``plain`` too, the RL engine
-    without DAS).  Returns DUET's thresholds and, per prompt, its prompt ids and the
-    rollouts the steps drew (what its tree holds: :func:`reset_trees`)."""
+    """``args.history`` untimed steps on the DAS engine (``--history``, default 2; module
+    docstring): DAS trees, DARTS's length statistics, DUET's K1/K2 and ARRoL's head (given
+    to ``plain`` too, the RL engine without DAS).  Returns DUET's thresholds and, per
+    prompt, its prompt ids and the rollouts the steps drew (what its tree holds:
+    :func:`reset_trees`)."""
     from vllm import SamplingParams
 
     from vllm_rl import Reason, rl_params
@@ -158,7 +159,7 @@ def previous_steps(rl, prompts: list[str], args, planner, feedback,
     from vllm_rl.task import reward
 
     observations, trees = [], {}
-    for step in range(2):
+    for step in range(args.history):
         params = [SamplingParams(n=args.m, temperature=1.0, max_tokens=args.max_tokens,
                                  seed=args.seed + 100_000 + 1000 * step + i,
                                  extra_args=rl_params(das={"problem_id": p}, arrol={

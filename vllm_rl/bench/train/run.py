@@ -40,13 +40,12 @@ def _reset(llm, hidden_size: int) -> None:
 
 
 def _heldout(args) -> list[str]:
-    from vllm_rl.task import heldout_prompts, train_problems
-    from vllm_rl.task.problems import _problem_set
+    from vllm_rl.task import heldout_prompts
+    from vllm_rl.task.problems import outside_prompts
 
     if args.heldout_seed is None:
         return heldout_prompts(args.eval_prompts)
-    exclude = set(train_problems(args.pool)) | set(_problem_set(1234, 256))
-    return [p.prompt for p in _problem_set(args.heldout_seed, args.eval_prompts, exclude)]
+    return outside_prompts(args.heldout_seed, args.eval_prompts, args.pool)
 
 
 def _accuracy(llm, held: list[str], args) -> float:
