@@ -164,7 +164,7 @@ BAD = [  # (vllm_xargs, n, the flag the 400 names)
     ({"vllm_rl.group.redundant": 3}, 2, "group.redundant"),  # checked against n
     (rl_xargs(group={"size": 2}, darts={"k": 1}) | {"vllm_rl.darts.k": 9}, 2, "darts.k"),
     ({"vllm_rl": "{oops"}, 1, "vllm_rl"),                   # not JSON
-    ({"vllm_rl.das.budget_model": 2}, 1, "das"),                  # this server has no drafter
+    ({"vllm_rl.das.budget": 2}, 1, "das"),                  # this server has no drafter
     ({"vllm_rl.partial.step": 1.5}, 1, "partial.step"),     # partial rollouts' flags
     ({"vllm_rl": json.dumps({"partial": {"step": 1, "start_step": 0, "prior_tokens": 5,
                                          "prior_versions": [[0, 0], [1, 5]]}})}, 1,
