@@ -77,20 +77,27 @@ def test_points_bench_writes_the_table_and_its_picture(tmp_path):
 
 
 def test_host_parts_bench_times_each_engines_parts(tmp_path):
-    """``vllm-rl bench host-parts`` at a tiny size: stock and the DAS engine, every engine
-    step's parts charged to it, the table, the JSON and the picture; the wrapped methods
-    are vLLM's and the project's own (the run fails if one is renamed)."""
+    """``vllm-rl bench host-parts`` at a tiny size: stock and the DAS engine with partial
+    rollouts (its third step timed, the carried samples' continuations in it), every engine
+    step's parts charged to it, the table, the complete groups delivered, the JSON and the
+    picture; the wrapped methods are vLLM's and the project's own (the run fails if one is
+    renamed)."""
     cmd = [sys.executable, "-m", "vllm_rl.cli", "bench", "host-parts", "--prompts", "4",
-           "--m", "2", "--max-tokens", "32", "--kv-gib", "0.25", "--out", str(tmp_path)]
+           "--m", "2", "--max-tokens", "32", "--kv-gib", "0.25", "--out", str(tmp_path),
+           "--engines", "stock,das+partial"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     doc = json.loads((tmp_path / "host-parts.json").read_text())
-    stock, das = doc["steps"]["stock"], doc["steps"]["das"]
+    stock, das = doc["steps"]["stock"], doc["steps"]["das+partial"]
     for steps in (stock, das):
         n = len(steps["widths"])
         assert n > 0 and len(steps["gpu_ms"]) == n
         assert sum(steps["parts"]["schedule"]) > 0 and sum(steps["parts"]["update_from_output"]) > 0
     assert sum(stock["parts"]["DAS before_step"]) == 0 < sum(das["parts"]["DAS before_step"])
-    assert sum(das["parts"]["_admit (admissions)"]) > 0         # 8 samples admitted
-    assert "| forward pass (projected) |" in done.stdout
+    assert sum(das["parts"]["_admit (admissions)"]) > 0         # its samples admitted
+    assert sum(das["parts"]["StepBook.due (step rules)"]) > 0    # the step book walked
+    assert sum(stock["parts"]["StepBook.due (step rules)"]) == 0
+    delivered = doc["delivered"]
+    assert delivered["stock"]["groups"] == 4 and 0 < delivered["das+partial"]["groups"] <= 8
+    assert "| forward pass (projected) |" in done.stdout and "complete groups" in done.stdout
     assert (tmp_path / "host-parts.png").stat().st_size > 0

@@ -3,9 +3,12 @@
     vllm-rl bench host-parts                                  # 256 prompts x 8, max_tokens 128
     vllm-rl bench host-parts --prompts 128 --max-tokens 512   # the 128 x 8 point's workload
 
-Stock vLLM and the DAS engine run the same rollout step (:mod:`.step`'s prompts, seeds and
-``das`` flags; in-process, asynchronous scheduling, an H100's scheduler limits), one
-untimed warm-up step each first.  During the timed step every call of the parts in
+Stock vLLM, the DAS engine and the DAS engine with partial rollouts (the default
+combination; ``--engines`` picks) run the same rollout step (:mod:`vllm_rl.bench.step`'s
+prompts, seeds and ``das`` flags; in-process, asynchronous scheduling, an H100's scheduler
+limits), one untimed warm-up step each first; with partial rollouts two, which fill the
+carry buffer, so the timed step admits the carried samples' continuations beside the
+prompts and ends by its rule (the step book, the carry and its records are timed too).  During the timed step every call of the parts in
 :data:`TIMED` (vLLM's scheduler, the RL scheduler's additions, the DAS drafter's hooks
 and their pieces) is timed with ``perf_counter_ns`` (about 0.3 µs a call) and charged to
 the engine step in which it ran (the host work between one ``schedule`` and the next).
@@ -14,7 +17,10 @@ they verified drafts, and each part's mean ms per step is given beside the forwa
 pass's price on the step-cost table (``--cost``): where the host parts add up past it,
 the step is host-bound (:func:`vllm_rl.cost.host.host_counted`).
 
-A part's time includes the parts indented below it (:data:`ROWS`).  Output in ``--out``:
+A partial step trains only the groups it completes: each engine's complete groups per
+projected second (GPU-only and host counted) are set beside stock's
+(:func:`delivered_table`).  A part's time includes the parts indented below it
+(:data:`ROWS`).  Output in ``--out``:
 ``host-parts.json`` (every step's parts), ``host-parts.png`` (per phase, stacked host
 time of each engine against the forward pass) and the table on stdout; vLLM's log in
 ``vllm.log``.
@@ -52,11 +58,20 @@ TIMED = (
     ("_retire (departures)", "vllm_rl.das.requests", "RequestBook", "_retire"),
     ("DAS after_sample", "vllm_rl.das.async_drafts", "AsyncDrafts", "after_sample"),
     ("DAS _begin_async", "vllm_rl.das.async_drafts", "AsyncDrafts", "_begin_async"),
+    # partial rollouts: the continuations' admission, the step book, the carry
+    ("RL add_request (admissions)", "vllm_rl.engine.scheduler", "RLSchedulerMixin",
+     "add_request"),
+    ("_end_steps (carry)", "vllm_rl.engine.scheduler", "RLSchedulerMixin", "_end_steps"),
+    ("StepBook.due (step rules)", "vllm_rl.engine.steps", "StepBook", "due"),
+    ("_finish_now (ends now)", "vllm_rl.engine.finish", "FinishMixin", "_finish_now"),
 )
 UPDATE = "update_from_output"   # the engine's whole update: the RL one where there is one
 # the rows shown: (label, depth); a depth-1 row's time is inside the depth-0 row above it
-ROWS = (("schedule", 0), (UPDATE, 0), ("vLLM's update_from_output", 1),
+ROWS = (("RL add_request (admissions)", 0), ("schedule", 0), (UPDATE, 0),
+        ("vLLM's update_from_output", 1),
         ("RL _free_request (records)", 1), ("vLLM's _free_request", 1),
+        ("StepBook.due (step rules)", 1), ("_end_steps (carry)", 1),
+        ("_finish_now (ends now)", 2),
         ("DAS before_step", 0), ("_catch_up (ingest)", 1), ("_feed (counts, natural ends)", 1),
         ("_plan", 1), ("_admit (admissions)", 1), ("_decide (budgets, cap)", 1),
         ("_tree_call", 1), ("_take_guess", 1), ("_retire (departures)", 1),
@@ -128,6 +143,10 @@ class timed:
         wrapper.__wrapped__ = fn
         return wrapper
 
+
+# stock vLLM; the DAS engine; the DAS engine with partial rollouts (the default
+# combination: its timed step is the third, with the carried samples' continuations)
+ENGINES = ("stock", "das", "das+partial")
 
 PHASES = (("full batch, no drafts", lambda w, d, full: (w >= 0.9 * full) & ~d),
           ("full batch, drafting", lambda w, d, full: (w >= 0.9 * full) & d),
@@ -233,6 +252,32 @@ def picture(phases: dict[str, list[dict]], path: Path, title: str) -> Path:
     return path
 
 
+def groups_per_second(groups: int, projection) -> dict:
+    """The complete groups a step delivered, per projected second: on the forward passes
+    alone and with the host time counted as the engine schedules."""
+    gpu_s = projection.gpu_ms / 1e3
+    host_s = (projection.host_counted_ms or projection.gpu_ms) / 1e3
+    return {"groups": groups, "gpu_s": gpu_s, "host_counted_s": host_s,
+            "per_gpu_s": groups / gpu_s if gpu_s else 0.0,
+            "per_host_counted_s": groups / host_s if host_s else 0.0}
+
+
+def delivered_table(delivered: dict[str, dict]) -> str:
+    """Complete groups per projected second, each engine against stock: a partial step
+    trains only the groups it completes, so its speed is groups delivered, not time."""
+    base = delivered.get("stock")
+    lines = ["| engine | complete groups | projected s, GPU-only | with host | groups/s "
+             "(vs stock), GPU-only | groups/s (vs stock), host counted |",
+             "|---|---|---|---|---|---|"]
+    for name, d in delivered.items():
+        rel = ((f" ({d['per_gpu_s'] / base['per_gpu_s']:.2f}×)",
+                f" ({d['per_host_counted_s'] / base['per_host_counted_s']:.2f}×)")
+               if base and base["per_gpu_s"] and base["per_host_counted_s"] else ("", ""))
+        lines.append(f"| {name} | {d['groups']} | {d['gpu_s']:.2f} | {d['host_counted_s']:.2f}"
+                     f" | {d['per_gpu_s']:.1f}{rel[0]} | {d['per_host_counted_s']:.1f}{rel[1]} |")
+    return "\n".join(lines)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vllm-rl bench host-parts",
                                  description=__doc__.split("\n\n")[0],
@@ -246,6 +291,8 @@ def parser() -> argparse.ArgumentParser:
                     help="the step-cost table the forward passes are priced on, and the DAS "
                          "engine plans with")
     ap.add_argument("--kv-gib", type=float, default=4.0, help="KV cache per engine, GiB")
+    ap.add_argument("--engines", default=",".join(ENGINES),
+                    help=f"which of {', '.join(ENGINES)} (default all)")
     ap.add_argument("--out", default="results/host-parts")
     return ap
 
@@ -278,18 +325,48 @@ def main(argv: list[str] | None = None) -> dict:
                                extra_args=rl_params(das={"problem_id": p}) if das else None)
                 for i, p in enumerate(prompts)]
 
-    phases, steps = {}, {}
-    for name in ("stock", "das"):
-        print(f"[host-parts] {name}: engine, warm-up step, timed step", flush=True)
-        llm = (stock_engine(str(MODEL_PATH), args.seed, True, kv) if name == "stock" else
-               rl_engine(str(MODEL_PATH), args.seed, True, kv, cost=args.cost))
-        try:
+    def timed_step(name: str, llm, timers: Timers):
+        """The engine's timed step, after its untimed ones: its trace mark and the
+        complete groups it delivers.  Partial rollouts run as ``vllm-rl bench step`` runs
+        them (:func:`vllm_rl.bench.step.run.run_once`): two untimed steps fill the carry
+        buffer and the DAS trees, the third is timed, and it delivers only the groups it
+        completes."""
+        trace = engine_trace(llm)
+        if name != "das+partial":
             _drive(llm, f"{name}-warm-up", params(name != "stock", args.seed + 99), prompts, 0)
-            trace = engine_trace(llm)
-            mark, timers = trace.mark(), Timers()
+            mark = trace.mark()
             with timed(timers):
                 _drive(llm, name, params(name != "stock", args.seed), prompts, 1)
-            gpu = np.asarray(trace.since(mark).project(cost).per_step_ms)
+            return trace, mark, len(prompts)
+        from vllm_rl.bench.matrix import partial_setting
+        from vllm_rl.integrations.common.partial import CarryBuffer, PartialConfig
+
+        cfg, buffer = PartialConfig(**partial_setting(name)), CarryBuffer()
+        for step in range(3):
+            launched = buffer.launch(cfg, step, prompts,
+                                     params(True, args.seed + 1_000_003 * (2 - step)),
+                                     args.max_tokens, 1.0)
+            mark = trace.mark()
+            if step < 2:
+                outs, _ = _drive(llm, f"{name}-s{step}", launched.params, launched.prompts, 0)
+            else:
+                with timed(timers):
+                    outs, _ = _drive(llm, name, launched.params, launched.prompts, 1)
+            complete = buffer.finish(launched, outs)
+        return trace, mark, len(complete)
+
+    phases, steps, delivered = {}, {}, {}
+    for name in [e for e in args.engines.split(",") if e]:
+        if name not in ENGINES:
+            raise SystemExit(f"host-parts: unknown engine {name!r}; choose from {ENGINES}")
+        print(f"[host-parts] {name}: engine, untimed step(s), timed step", flush=True)
+        llm = (stock_engine(str(MODEL_PATH), args.seed, True, kv) if name == "stock" else
+               rl_engine(str(MODEL_PATH), args.seed, True, kv, cost=args.cost))
+        timers = Timers()
+        try:
+            trace, mark, groups = timed_step(name, llm, timers)
+            projection = trace.since(mark).project(cost)
+            gpu = np.asarray(projection.per_step_ms)
         finally:
             shutdown(llm)
         phases[name] = summarize(timers, gpu, full)
@@ -297,12 +374,13 @@ def main(argv: list[str] | None = None) -> dict:
                        "gpu_ms": gpu.tolist(),
                        "parts": {label: a.tolist()
                                  for label, a in parts_per_step(timers).items()}}
-    text = table(phases)
+        delivered[name] = groups_per_second(groups, projection)
+    text = table(phases) + "\n\n" + delivered_table(delivered)
     title = (f"{args.prompts} prompts x {args.m}, max_tokens {args.max_tokens}: host time per "
              f"engine step by part\nforward pass projected on {args.cost}")
     print(f"\n{title}\n{text}")
     result = {"args": vars(args), "provenance": provenance(), "phases": phases,
-              "steps": steps}
+              "steps": steps, "delivered": delivered}
     (out_dir / "host-parts.json").write_text(json.dumps(result))
     png = picture(phases, out_dir / "host-parts.png", title)
     print(f"\nresults: {out_dir / 'host-parts.json'}\npicture: {png}\n"
