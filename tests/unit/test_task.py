@@ -48,6 +48,18 @@ def test_bench_step_names_its_history_and_prompts():
         parser().parse_args(["--history", "0"])
 
 
+def test_a_partial_step_is_credited_with_the_groups_it_completes():
+    from vllm_rl.bench.step.report import delivered_speedup
+
+    stock = {"groups": 16, "projected_ms": 100.0}
+    assert delivered_speedup(stock, {"groups": 16, "projected_ms": 50.0}, "projected_ms") == 2.0
+    # half the time, half the groups: no faster at delivering groups
+    assert delivered_speedup(stock, {"groups": 8, "projected_ms": 50.0}, "projected_ms") == 1.0
+    # a summary from before groups were counted: the time ratio
+    assert delivered_speedup({"projected_ms": 100.0}, {"projected_ms": 50.0},
+                             "projected_ms") == 2.0
+
+
 def test_teacher_traces_are_verifiable():
     rng = random.Random(0)
     p = heldout_problems(1)[0]

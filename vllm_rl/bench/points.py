@@ -71,7 +71,11 @@ def _interval(xs: list[float]) -> tuple[float, float, float]:
 
 
 def aggregate(points: list[dict], m: int) -> dict:
-    """Per configuration and size: host-counted and GPU-only speed-ups over seeds."""
+    """Per configuration and size: host-counted and GPU-only speed-ups over seeds, in
+    complete groups delivered per projected second (a partial step is credited with the
+    groups it completes: :func:`vllm_rl.bench.step.report.delivered_speedup`)."""
+    from vllm_rl.bench.step.report import delivered_speedup
+
     out: dict[str, dict] = {}
     for p in points:
         rows = {r["config"]: r for r in p["summary"]}
@@ -81,8 +85,8 @@ def aggregate(points: list[dict], m: int) -> dict:
                 continue
             cell = out.setdefault(name, {}).setdefault(
                 str(p["prompts"]), {"host": [], "gpu": [], "proposed": 0, "accepted": 0})
-            cell["host"].append(base["host_counted_ms"] / r["host_counted_ms"])
-            cell["gpu"].append(base["projected_ms"] / r["projected_ms"])
+            cell["host"].append(delivered_speedup(base, r, "host_counted_ms"))
+            cell["gpu"].append(delivered_speedup(base, r, "projected_ms"))
             cell["proposed"] += r.get("draft_proposed") or 0
             cell["accepted"] += r.get("draft_accepted") or 0
     for name, sizes in out.items():
@@ -200,7 +204,8 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
         _write(out, args, points, t0)
     agg = _write(out, args, points, t0)
     png = picture(agg, sizes, args, out / "points.png")
-    print(f"Rests on {rests_on(args)}.")
+    print(f"Rests on {rests_on(args)}. Speed-up: complete groups per projected second over "
+          "stock's (a partial step is credited with the groups it completes).")
     print(table(agg, sizes, args.m))
     print(f"\nresults: {out / 'points.json'}\npicture: {png}\n"
           f"total {time.perf_counter() - t0:.0f} s")

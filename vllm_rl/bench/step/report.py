@@ -10,10 +10,20 @@ from vllm_rl.bench.matrix import engine_kind
 from vllm_rl.bench.step.run import Run
 
 
-MEDIANS = ("wall_s", "tokens", "engine_steps", "projected_ms", "host_counted_ms",
+MEDIANS = ("wall_s", "groups", "tokens", "engine_steps", "projected_ms", "host_counted_ms",
            "host_core_ms", "host_worker_ms", "samples", "kept", "kept_mean_reward",
            "kept_mean_length", "draft_proposed", "draft_accepted")
 DIAGNOSTICS = ("loss_samples_mean", "zero_adv_groups", "ess_fraction", "eps_weight_share")
+
+
+def delivered_speedup(base: dict, row: dict, time_key: str) -> float:
+    """Complete groups per second over ``base``'s, on ``time_key``'s time.  A full step
+    delivers every prompt's group, so for it this is ``base``'s time over the row's; a
+    partial step trains only the groups it completes, and is credited with those only.
+    Rows from before groups were counted: the time ratio."""
+    groups, base_groups = row.get("groups") or 0, base.get("groups") or 0
+    ratio = base[time_key] / row[time_key]
+    return ratio * groups / base_groups if groups and base_groups else ratio
 
 
 def summarize(runs: list[Run], base: str) -> list[dict]:
@@ -36,9 +46,9 @@ def summarize(runs: list[Run], base: str) -> list[dict]:
         rows.append(row)
     b = next(r for r in rows if r["config"] == base)
     for row in rows:
-        row["cpu_speedup"] = b["wall_s"] / row["wall_s"]
-        row["gpu_speedup"] = b["projected_ms"] / row["projected_ms"]
-        row["host_speedup"] = b["host_counted_ms"] / row["host_counted_ms"]
+        for key, time_key in (("cpu_speedup", "wall_s"), ("gpu_speedup", "projected_ms"),
+                              ("host_speedup", "host_counted_ms")):
+            row[key] = delivered_speedup(b, row, time_key)
     return rows
 
 
@@ -65,11 +75,13 @@ def header(args, model: str, n_prompts: int, duet: dict, arrol: dict, plans: dic
             f"forward pass where the engine schedules synchronously (sync); where it "
             f"schedules asynchronously (async) the host work overlaps it (max), except a "
             f"drafting DAS step's after it waited for the last step's ids (drafting and "
-            f"vLLM's input preparation), which adds. Speed-ups are "
-            f"stock-{args.m}'s time over the configuration's.\n")
+            f"vLLM's input preparation), which adds. Speed-ups are complete groups "
+            f"delivered per second over stock-{args.m}'s: for a full step its time over the "
+            f"configuration's; a partial step is credited with the groups it completes.\n")
 
 
-COLUMNS = (("config", "config", "{}"), ("tokens", "tokens", "{:,.0f}"),
+COLUMNS = (("config", "config", "{}"), ("groups", "groups", "{:.0f}"),
+           ("tokens", "tokens", "{:,.0f}"),
            ("engine_steps", "steps", "{:.0f}"), ("kept", "kept", "{:.0f}"),
            ("kept_mean_reward", "kept reward", "{:.3f}"),
            ("kept_mean_length", "kept len", "{:.1f}"),

@@ -40,6 +40,7 @@ class Run:
     host_worker_ms: float = 0.0      # measured: drafter + scorer (x host_scale)
     asynchronous: bool | None = None     # how the engine schedules
     timeline: dict = field(default_factory=dict)   # per step: gpu_ms, core_ms, worker_ms
+    groups: int = 0                  # complete groups the step delivered to the trainer
 
 
 def drive(llm, name: str, params: list, prompts: list, repeat: int) -> tuple[list, float]:
@@ -139,7 +140,7 @@ def _summarize_step(name: str, repeat: int, steps, groups: list, wall: float, co
                statistics.fmean(n for _, n in kept) if kept else 0.0, reasons, proposed,
                accepted, diag, lengths, [len(w) for w, _ in steps.steps()],
                list(steps.wall_ms), proj.host_counted_ms, proj.host_core_ms,
-               proj.host_worker_ms, proj.asynchronous, timeline)
+               proj.host_worker_ms, proj.asynchronous, timeline, len(groups))
 
 
 # ----------------------------------------------------------------------------- the step
