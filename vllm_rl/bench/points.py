@@ -40,7 +40,9 @@ def parser(prog: str = "vllm-rl bench points") -> argparse.ArgumentParser:
                     help="ARRoL's gate, as `vllm-rl bench step --arrol-gate` (the table's "
                          "runs: auc)")
     ap.add_argument("--host-scale", type=float, default=1.0)
-    ap.add_argument("--history", type=int, default=2,
+    from vllm_rl.bench.step.command import history_steps
+
+    ap.add_argument("--history", type=history_steps, default=2,
                     help="earlier steps of the same prompts before each timed one (what DAS's "
                          "trees hold: M rollouts per problem a step; default 2)")
     ap.add_argument("--prompt-seed", type=int, default=None,

@@ -75,11 +75,10 @@ class DasEngine:
 
     def count(self, members: dict, requests: dict, spec_tokens: dict, sampled,
               index: dict, drafted: dict | None) -> None:
-        """Before vLLM's update: the step's drafts counted on its samples
+        """Before vLLM's update, with DAS samples in the engine (the scheduler checks
+        :attr:`live` first): the step's drafts counted on its samples
         (:func:`count_drafts`), and a step in which none was verified on a draft
-        counted as quiet.  Nothing while no DAS sample is in the engine."""
-        if not self.live:
-            return
+        counted as quiet."""
         if not (spec_tokens and count_drafts(members, requests, spec_tokens, sampled,
                                              index, drafted)):
             self.quiet.steps += 1

@@ -71,7 +71,8 @@ def _budget(text: str) -> float | str:
     return text if text in ("adaptive", "cost") else float(text)
 
 
-def _history(text: str) -> int:
+def history_steps(text: str) -> int:
+    """``--history``: earlier steps before the timed one, at least 1."""
     steps = int(text)
     if steps < 1:
         raise argparse.ArgumentTypeError("at least 1 earlier step (DUET's thresholds and "
@@ -91,7 +92,7 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
                     help="draw the prompts with this seed outside the training pool and the "
                          "fixed held-out set, prompts no default was chosen on (default: the "
                          "fixed held-out set)")
-    ap.add_argument("--history", type=_history, default=2,
+    ap.add_argument("--history", type=history_steps, default=2,
                     help="earlier steps of the same prompts before the timed one, each M "
                          "samples a prompt: DAS's trees, DARTS's lengths, DUET's K1/K2 and "
                          "ARRoL's head come from them (default 2; at least 1)")
