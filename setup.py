@@ -62,7 +62,7 @@ setup(
     python_requires=">=3.10",
     packages=packages,
     package_dir=package_dir,
-    package_data={"vllm_rl.task": ["model/*"], "vllm_rl.cost": ["data/*.json"],
+    package_data={"vllm_rl.task": ["model/*", "reasoning_model/*"], "vllm_rl.cost": ["data/*.json"],
                   "vllm_rl.integrations.verl": ["*.yaml"]},
     include_package_data=True,
     ext_modules=ext_modules(),

@@ -353,12 +353,17 @@ def test_duet_allocator_sets_each_prompts_rollouts_and_weights(das_llm):
     assert rollout.duet_allocation.observations(rollout.problem_id(prompts2[0])) >= 1
 
 
-def test_partial_rollouts_carry_the_tail_across_trl_steps(das_llm):
+def test_partial_rollouts_carry_the_tail_across_trl_steps(das_llm, tmp_path):
     """APRIL through TRL: each step trains the groups that complete (some started in an
     earlier step, their records whole), carries the rest; the buffer survives a restart
     in a checkpoint, and a carried group whose prompt left the dataset ends with a
-    `stale` record per carried sample, never silently."""
+    `stale` record per carried sample, never silently.  The regime log holds every
+    returned sample, whole, with its reward (what `vllm-rl advise` reads)."""
     import json
+
+    from vllm_rl.regime import Regime
+    from vllm_rl.regime_log import read
+    from vllm_rl.task import reward
 
     from vllm_rl.integrations.common.partial import PartialConfig
     from vllm_rl.outcome import RolloutInfo
@@ -382,7 +387,9 @@ def test_partial_rollouts_carry_the_tail_across_trl_steps(das_llm):
                     assert info.length == len(ids), "the record covers the whole sample"
             return result
 
-    rollout = Checked(das_llm, {}, max_tokens=96, seed=5, partial=PartialConfig(over=2.0))
+    log = tmp_path / "regime.jsonl"
+    rollout = Checked(das_llm, {}, max_tokens=96, seed=5, partial=PartialConfig(over=2.0),
+                      reward=reward, regime_log=log)
     trainer = _grpo_trainer(RLGRPOTrainer, rollout, train_prompts(16), "partial", steps=3,
                             batch=4 * m, max_tokens=96, m=m)
     try:
@@ -398,6 +405,12 @@ def test_partial_rollouts_carry_the_tail_across_trl_steps(das_llm):
     for info in crossed:
         assert info.prior_tokens and info.start_step < info.step
     assert "staleness_mean" in trainer.diagnostics
+    logged, limit = read(log)
+    returned = [i for last, _, _ in steps for g in last.infos for i in g]
+    assert limit == 96 and len(logged) == len(returned)
+    assert sorted(s.length for s in logged) == sorted(i.length for i in returned)
+    assert all(s.reward is not None and not s.ended_early for s in logged)
+    assert Regime.of(logged, limit).samples == len(returned)
 
     # A restart: the buffer goes into a checkpoint as JSON and comes back.
     state = json.loads(json.dumps(rollout.buffer.state_dict()))

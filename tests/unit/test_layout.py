@@ -52,7 +52,7 @@ LAYERS = (
     ("factory", ("vllm_rl.settings", "vllm_rl.rpc", "vllm_rl.llm", "vllm_rl.worker",
                  "vllm_rl.plugin", "vllm_rl.endpoint", "vllm_rl.http_flags", "vllm_rl.metrics",
                  "vllm_rl.weights", "vllm_rl.end_step", "vllm_rl.serve", "vllm_rl.compat",
-                 "vllm_rl.patches"),
+                 "vllm_rl.patches", "vllm_rl.regime", "vllm_rl.regime_log", "vllm_rl.advice"),
      False),
     ("integrations", ("vllm_rl.integrations", "vllm_rl.integrations.common"), False),
     ("frameworks", ("vllm_rl.integrations.verl", "vllm_rl.integrations.trl",

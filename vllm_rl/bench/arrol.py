@@ -170,7 +170,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heldout", type=int, default=64)
     ap.add_argument("--n", type=int, default=8, help="samples per prompt for head data")
     ap.add_argument("--group", type=int, default=16, help="samples per prompt in the step")
-    ap.add_argument("--max-tokens", type=int, default=256)
+    from vllm_rl.task.kits import add_argument as add_task_argument
+
+    add_task_argument(ap)
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="the response limit (default: the kit's, 256 or 1,024)")
     ap.add_argument("--l-detect", type=int, default=None, help="skip the sweep")
     ap.add_argument("--kappa", type=float, default=0.5)
     ap.add_argument("--rho", type=float, default=0.5)
@@ -197,16 +201,19 @@ def main(argv: list[str] | None = None) -> None:
     from vllm_rl import arrol as ctl
     from vllm_rl.cost import load_cost
     from vllm_rl.engine.trace import TRACED_SCHEDULER_CLS
-    from vllm_rl.task import MODEL_PATH, heldout_prompts, train_prompts
+    from vllm_rl.task.kits import kit
 
-    model = args.model or str(MODEL_PATH)
-    common = dict(seed=args.seed, max_model_len=1024, kv_cache_memory_bytes=2 << 30,
+    task = kit(args.task)
+    args.max_tokens = args.max_tokens or task.max_tokens
+    model = args.model or str(task.model_path)
+    common = dict(seed=args.seed, max_model_len=max(1024, task.max_model_len),
+                  kv_cache_memory_bytes=2 << 30,
                   use_tqdm_on_load=False)
     llm = LLM(model, arrol=True, trace=True, **common)
     stock = vllm.LLM(model, scheduler_cls=TRACED_SCHEDULER_CLS, async_scheduling=True,
                      additional_config={"vllm_rl_trace": True}, **common)
     hidden_size = llm.arrol_info()["hidden_size"]
-    train, heldout = train_prompts(args.train_prompts), heldout_prompts(args.heldout)
+    train, heldout = task.train_prompts(args.train_prompts), task.heldout_prompts(args.heldout)
 
     sweep = [args.l_detect] if args.l_detect else list(SWEEP)
     rows, heads = [], {}

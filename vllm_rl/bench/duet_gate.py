@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from pathlib import Path
+
+from vllm_rl.regime import quantile
 
 # The paper's figures for its regime (DUET App. A.4 / A.3, Qwen3-1.7B on MATH, 3,072 tokens)
 PAPER = {"markerless_share": "1.2-6%", "k_quantiles": "p30 / p80", "grace": "150 of 3,072",
@@ -41,20 +42,15 @@ def parser() -> argparse.ArgumentParser:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=128, help="training prompts (default 128)")
     ap.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
-    ap.add_argument("--max-tokens", type=int, default=256)
+    from vllm_rl.task.kits import add_argument as add_task_argument
+
+    add_task_argument(ap)
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="the response limit (default: the kit's, 256 or 1,024)")
     ap.add_argument("--eps", type=float, default=0.05, help="DUET's eps (default 0.05)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench-results/duet-gate")
     return ap
-
-
-def quantile(values: list[float], q: float) -> float:
-    """The q-quantile, linear between order statistics."""
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def baselines(rewards: list[float], natural: list[float], aborted: list[bool],
@@ -151,12 +147,9 @@ def table(r: dict) -> str:
 
 
 def plot(r: dict, path: Path) -> None:
-    import matplotlib
+    from vllm_rl.bench.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, ax = pyplot().subplots(figsize=(9, 5))
     right = [x["natural_len"] for x in r["rows"] if x["natural_r"] > 0]
     wrong = [x["natural_len"] for x in r["rows"] if x["natural_r"] <= 0]
     bins = range(0, max(x["natural_len"] for x in r["rows"]) + 8, 8)
@@ -169,12 +162,10 @@ def plot(r: dict, path: Path) -> None:
                      "of the aborted would be correct")
     ax.set_xlabel("natural length (tokens)")
     ax.set_ylabel("samples")
-    ax.set_title("DUET's gate on the embedded model: natural lengths by outcome "
+    ax.set_title(f"DUET's gate on the {r.get('task', 'arith')} kit: natural lengths by outcome "
                  f"({r['samples']} samples)", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -190,10 +181,14 @@ def main(argv: list[str] | None = None) -> None:
     from vllm_rl import rl_params
     from vllm_rl.bench.engines import rl_engine
     from vllm_rl.bench.matrix import TASK_MARKER, duet_grace
-    from vllm_rl.task import MODEL_PATH, reward, train_prompts
+    from vllm_rl.task import reward
+    from vllm_rl.task.kits import kit
 
-    prompts = train_prompts(args.prompts)
-    llm = rl_engine(str(MODEL_PATH), max_model_len=512, das=False, arrol=False)
+    task = kit(args.task)
+    args.max_tokens = args.max_tokens or task.max_tokens
+    prompts = task.train_prompts(args.prompts)
+    llm = rl_engine(str(task.model_path), max_model_len=task.max_model_len, das=False,
+                    arrol=False)
 
     def params(flags):
         return [vllm.SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens,
@@ -209,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
                             "eps": args.eps})
     print(f"DUET run: K1 {k1}, K2 {k2}, G {grace}, eps {args.eps}")
     duet = llm.generate(prompts, params(flags), use_tqdm=True)
-    result = analyse(prompts, natural, duet, reward, k1, k2 + grace)
+    result = {**analyse(prompts, natural, duet, reward, k1, k2 + grace), "task": args.task}
     out.mkdir(parents=True, exist_ok=True)
     (out / "duet-gate.json").write_text(json.dumps({"args": vars(args), **result}, indent=1))
     plot(result, out / "duet-gate.png")

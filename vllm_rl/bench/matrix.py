@@ -38,14 +38,8 @@ TECHNIQUES = ("darts", "duet", "das", "arrol")
 PARTIAL = "partial"          # trainer side: APRIL's partial rollouts (bench train)
 PER_STEP = "das+duet+arrol"
 CONFIGS = ("stock", *TECHNIQUES, PER_STEP, "all")
-# DUET's answer marker for the embedded task: its completions end "\boxed{ N }" and EOS,
-# with no blank line after the box, so the built-in math marker would never fire.
-TASK_MARKER = r"\\boxed\{[^}]*\}"
-
-
-def duet_grace(max_tokens: int) -> int:
-    """DUET's G scaled to the response limit: App. A.3 uses 150 tokens at 3,072."""
-    return max(8, round(150 * max_tokens / 3072))
+from vllm_rl.duet.rule import scaled_grace as duet_grace
+from vllm_rl.task.problems import ANSWER_PATTERN as TASK_MARKER
 
 
 def technique_flags(name: str, max_tokens: int, l_detect: int = 24,

@@ -44,6 +44,20 @@ def _plt():
     return plt
 
 
+def pyplot():
+    """matplotlib's pyplot on the file backend."""
+    return _plt()
+
+
+def save(fig, path: str | Path, dpi: int | None = None) -> Path:
+    """Lay ``fig`` out, write it to ``path`` and close it."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=dpi)
+    _plt().close(fig)
+    return path
+
+
 def length_cdf(lengths: Mapping[str, Sequence[int]], path: str | Path, title: str,
                max_tokens: int | None = None) -> Path:
     """One CDF line per configuration: share of samples with at most x generated tokens."""

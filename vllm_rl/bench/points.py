@@ -29,7 +29,12 @@ def parser(prog: str = "vllm-rl bench points") -> argparse.ArgumentParser:
                     help="prompts per step, comma-separated (x M live sequences)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--m", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=512)
+    from vllm_rl.task.kits import add_argument as add_task_argument
+
+    add_task_argument(ap)
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="the response limit (default 512 on the first kit, 1,024 on the "
+                         "reasoning kit)")
     ap.add_argument("--configs", default="darts,duet,das,arrol,das+duet+arrol,all")
     ap.add_argument("--cost", default="h100:qwen3-8b")
     ap.add_argument("--darts-budget", default="adaptive",
@@ -51,9 +56,9 @@ def parser(prog: str = "vllm-rl bench points") -> argparse.ArgumentParser:
     ap.add_argument("--das-config", default=None, metavar="JSON",
                     help="more DASConfig fields for the DAS engine, as `vllm-rl bench step "
                          "--das-config` (e.g. '{\"lookahead\": false}')")
-    ap.add_argument("--kv-gib-per-seq", type=float, default=0.004,
-                    help="KV cache per live sequence and engine, GiB (default 0.004: "
-                         "room for max_tokens 512 on the embedded model)")
+    ap.add_argument("--kv-gib-per-seq", type=float, default=None,
+                    help="KV cache per live sequence and engine, GiB (default 0.004 per 512 "
+                         "tokens of the response limit: room for it on the kits' model)")
     ap.add_argument("--out", default="bench-results/points")
     ap.add_argument("--merge", nargs="+", metavar="POINTS_JSON",
                     help="run nothing: the table and picture of earlier runs' points.json "
@@ -124,7 +129,8 @@ def rests_on(args) -> str:
     prompts = ("the fixed held-out prompts (the defaults were chosen on them)" if seed is None
                else f"prompts outside the training pool and the held-out set (seed {seed} "
                "+ run seed)")
-    return (f"{prompts}; {history} earlier step(s) of the same prompts "
+    task = getattr(args, "task", "arith")
+    return (f"the {task} kit's {prompts}; {history} earlier step(s) of the same prompts "
             f"({history * args.m} rollouts per problem in DAS's trees)")
 
 
@@ -168,6 +174,10 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
     from vllm_rl.bench.step import command as step
 
     args = parser(prog).parse_args(argv)
+    from vllm_rl.task.kits import kit
+
+    args.max_tokens = args.max_tokens or max(512, kit(args.task).max_tokens)
+    args.kv_gib_per_seq = args.kv_gib_per_seq or 0.004 * args.max_tokens / 512
     sizes = [int(s) for s in args.sizes.split(",") if s]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     out = Path(args.out)
@@ -191,7 +201,8 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
               f"({len(points) + 1}/{len(size_seeds)})", flush=True)
         live = min(size * args.m, 1024)            # max_num_seqs with --gpu-limits
         kv = max(1.0, args.kv_gib_per_seq * live)
-        res = step.main(["--gpu-limits", "--prompts", str(size), "--m", str(args.m),
+        res = step.main(["--gpu-limits", "--task", args.task, "--prompts", str(size),
+                         "--m", str(args.m),
                          "--max-tokens", str(args.max_tokens), "--seed", str(seed),
                          "--configs", args.configs, "--cost", args.cost,
                          "--host-scale", str(args.host_scale), "--kv-gib", f"{kv:g}",

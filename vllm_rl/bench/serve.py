@@ -38,8 +38,7 @@ from pathlib import Path
 
 PERCENTILES = (50, 90, 99)
 TECHNIQUES = ("darts", "duet", "das", "arrol")
-# DUET's marker for the embedded task (its answers end "\boxed{ N }" and EOS).
-TASK_MARKER = r"\\boxed\{[^}]*\}"
+from vllm_rl.task.problems import ANSWER_PATTERN as TASK_MARKER
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""The ``vllm-rl`` command: ``serve``, ``bench`` and ``serve-bench`` (:mod:`.main`)."""
+"""The ``vllm-rl`` command: ``serve``, ``bench``, ``advise`` and ``serve-bench`` (:mod:`.main`)."""
 from __future__ import annotations
 
 

@@ -9,6 +9,7 @@
     vllm-rl bench arrol [...]        # ARRoL's head: signal at l_detect, one pruned step
     vllm-rl bench arrol-gate [...]   # the within-group AUC from which ARRoL's steering helps
     vllm-rl bench duet-gate [...]    # DUET's gate in the model's regime, its baseline's shift
+    vllm-rl bench regime [...]       # each kit's regime beside the papers', each gate's verdict
     vllm-rl bench overhead [...]     # host µs per request-step vs stock vLLM, vs budgets
     vllm-rl bench host-parts [...]   # each engine's host time per step, part by part
     vllm-rl bench report FILE.json   # a benchmark's table again, from its JSON
@@ -41,6 +42,9 @@ SUBCOMMANDS = {   # name -> (module, one line of help)
     "duet-gate": ("vllm_rl.bench.duet_gate", "DUET's gate in the model's regime beside "
                   "the paper's (marker-less share, length tail, group balance) and what "
                   "its baseline costs, with common random numbers"),
+    "regime": ("vllm_rl.bench.regime", "each kit's rollout regime beside the papers' "
+               "(marker-less share, tokens after the answer, lengths, rho, groups, the "
+               "head's AUC, DAS's acceptance) and what each technique's gate decides"),
     "overhead": ("vllm_rl.bench.overhead.command", "host time per request-step (scheduling, "
                  "update, drafter, scorer) at up to 1,024 live sequences, RL engine vs "
                  "stock vLLM, against the budgets (--mode throughput: flagless tokens/s)"),

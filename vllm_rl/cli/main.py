@@ -14,6 +14,9 @@ SUBCOMMANDS = {   # name -> (module, one line of help)
     "bench": ("vllm_rl.cli.bench",
               "the benchmarks: one rollout step per technique vs stock vLLM (the default, "
               "minutes), time to accuracy (train), das, das-batch, arrol, overhead"),
+    "advise": ("vllm_rl.cli.advise",
+               "which techniques to switch on, from a drop-in's regime log of your own "
+               "rollouts: the regime's statistics, each gate's decision, the row it rests on"),
     "serve-bench": ("vllm_rl.bench.serve",
                     "RL-shaped load (N prompts x M samples) against a running server, this "
                     "project's or stock vLLM's; latency, group and step metrics as JSON + PNGs"),
@@ -34,6 +37,7 @@ commands:
   vllm-rl serve --das --arrol --port 8000    # the server, embedded model, all techniques
   vllm-rl serve --stock --port 8001          # plain vLLM serve from the same install
   vllm-rl serve-bench --base-url http://localhost:8000 --techniques darts,duet
+  vllm-rl advise regime.jsonl                # which techniques pay on your rollouts
 """
 
 

@@ -30,6 +30,10 @@ from vllm_rl.flags import compile_user_pattern
 
 Detector = Callable[[str], bool]
 PATTERN_WINDOW = 256     # tokens a user pattern reads at a poll (App. A.3)
+# A closed ``\boxed{...}`` with nothing required after it, as a user pattern: the kits'
+# answer (their completions end "\boxed{ N }" and EOS, with no blank line after the box,
+# so the built-in math marker would never fire on them) and ``vllm-rl advise``'s default.
+BOXED_PATTERN = r"\\boxed\{[^}]*\}"
 
 _BOX = "\\boxed{"
 _QA = re.compile(r"<answer>.*?</answer>|Therefore the answer is [^.\n]+[.\n]", re.DOTALL)

@@ -145,6 +145,11 @@ def step(state: DuetState, num_tokens: int, tokens, table: list[bytes]) -> Actio
     return action
 
 
+def scaled_grace(max_tokens: int) -> int:
+    """G scaled to the response limit: App. A.3 uses G = 150 tokens at 3,072."""
+    return max(8, round(150 * max_tokens / 3072))
+
+
 @dataclass
 class OnlineThresholds:
     """K1 = p30 and K2 = p80 of the natural stopping length over the last 1024 DUET

@@ -22,6 +22,8 @@ import random
 import re
 from dataclasses import dataclass
 
+from vllm_rl.duet.markers import BOXED_PATTERN
+
 EOS = "<|endoftext|>"
 MAX_VALUE = 99
 MIN_OPS, MAX_OPS = 2, 7
@@ -35,6 +37,7 @@ RUMINATE_PROB = 0.25     # probability the trace redoes the whole chain over and
 RUMINATE_AGAIN = 0.88    # probability of one more pass while ruminating
 
 _BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
+ANSWER_PATTERN = BOXED_PATTERN     # the kits' answer as DUET's user pattern
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,9 @@ def _apply(value: int, op: str, d: int) -> int:
     return value + d if op == "+" else value - d
 
 
-def random_problem(rng: random.Random) -> Problem:
-    k = rng.randint(MIN_OPS, MAX_OPS)
+def random_problem(rng: random.Random, ops: tuple[int, int] = (MIN_OPS, MAX_OPS)) -> Problem:
+    """A problem with ``ops[0]`` to ``ops[1]`` operations, its running total in [0, 99]."""
+    k = rng.randint(*ops)
     value = rng.randint(10, MAX_VALUE)
     start, ops = value, []
     for _ in range(k):
@@ -130,10 +134,11 @@ def reward(prompt: str, completion: str) -> float:
     return float(got is not None and got == parse_prompt(prompt).answer)
 
 
-def _problem_set(seed: int, n: int, exclude: set[Problem] | None = None) -> list[Problem]:
+def _problem_set(seed: int, n: int, exclude: set[Problem] | None = None,
+                 ops: tuple[int, int] = (MIN_OPS, MAX_OPS)) -> list[Problem]:
     rng, out, seen = random.Random(seed), [], set(exclude or ())
     while len(out) < n:
-        p = random_problem(rng)
+        p = random_problem(rng, ops)
         if p not in seen:
             seen.add(p)
             out.append(p)
@@ -143,26 +148,30 @@ def _problem_set(seed: int, n: int, exclude: set[Problem] | None = None) -> list
 HELDOUT_SEED, TRAIN_SEED = 1234, 42
 
 
-def heldout_problems(n: int = 64) -> list[Problem]:
-    """The fixed held-out set (never trained on)."""
-    return _problem_set(HELDOUT_SEED, n)
+Ops = tuple[int, int]
+ARITH_OPS: Ops = (MIN_OPS, MAX_OPS)
 
 
-def train_problems(n: int = 4096) -> list[Problem]:
+def heldout_problems(n: int = 64, ops: Ops = ARITH_OPS) -> list[Problem]:
+    """The fixed held-out set (never trained on) of problems with ``ops`` operations."""
+    return _problem_set(HELDOUT_SEED, n, ops=ops)
+
+
+def train_problems(n: int = 4096, ops: Ops = ARITH_OPS) -> list[Problem]:
     """RL training prompts, disjoint from the held-out set."""
-    return _problem_set(TRAIN_SEED, n, exclude=set(heldout_problems(256)))
+    return _problem_set(TRAIN_SEED, n, exclude=set(heldout_problems(256, ops)), ops=ops)
 
 
-def heldout_prompts(n: int = 64) -> list[str]:
-    return [p.prompt for p in heldout_problems(n)]
+def heldout_prompts(n: int = 64, ops: Ops = ARITH_OPS) -> list[str]:
+    return [p.prompt for p in heldout_problems(n, ops)]
 
 
-def outside_prompts(seed: int, n: int, pool: int = 4096) -> list[str]:
+def outside_prompts(seed: int, n: int, pool: int = 4096, ops: Ops = ARITH_OPS) -> list[str]:
     """``n`` prompts drawn with ``seed`` outside the training pool (``train_problems(pool)``)
     and the fixed held-out set: prompts no default was chosen on and no run trains on."""
-    exclude = set(train_problems(pool)) | set(heldout_problems(256))
-    return [p.prompt for p in _problem_set(seed, n, exclude)]
+    exclude = set(train_problems(pool, ops)) | set(heldout_problems(256, ops))
+    return [p.prompt for p in _problem_set(seed, n, exclude, ops)]
 
 
-def train_prompts(n: int = 4096) -> list[str]:
-    return [p.prompt for p in train_problems(n)]
+def train_prompts(n: int = 4096, ops: Ops = ARITH_OPS) -> list[str]:
+    return [p.prompt for p in train_problems(n, ops)]

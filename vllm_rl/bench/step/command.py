@@ -51,6 +51,7 @@ from vllm_rl.bench.matrix import CONFIGS, engine_kind, is_config
 from vllm_rl.bench.step.report import header, pictures, summarize, table
 from vllm_rl.bench.step.run import previous_steps, reset_trees, run_once, step_params
 from vllm_rl.das.config import BATCH_CAPS
+from vllm_rl.task.kits import add_argument as add_task_argument
 
 ARROL_GATES = ("steering", "cold", "balance", "auc")
 
@@ -97,8 +98,11 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
                          "samples a prompt: DAS's trees, DARTS's lengths, DUET's K1/K2 and "
                          "ARRoL's head come from them (default 2; at least 1)")
     ap.add_argument("--m", type=int, default=8, help="training group size M (default 8)")
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--l-detect", type=int, default=24, help="ARRoL's l_detect (default 24)")
+    add_task_argument(ap)
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="the response limit (default: the kit's, 256 or 1,024)")
+    ap.add_argument("--l-detect", type=int, default=None,
+                    help="ARRoL's l_detect (default: the kit's, 24 or 64)")
     ap.add_argument("--darts-budget", type=_budget, default="adaptive",
                     help="DARTS's total redundancy: 'adaptive' (the default: App. B's "
                          "Eq. 8-9 on the step-cost model --cost, lambda calibrated to "
@@ -131,7 +135,7 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
     ap.add_argument("--das-config", default=None, metavar="JSON",
                     help="more DASConfig fields for the DAS engine, e.g. "
                          "'{\"lookahead\": false}' (default: the engine's)")
-    ap.add_argument("--model", default=None, help="model path (default: the embedded model)")
+    ap.add_argument("--model", default=None, help="model path (default: the kit's model)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench-results", help="folder for JSON, PNGs, vllm.log")
     return ap
@@ -160,21 +164,26 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
     from vllm_rl.bench.engines import rl_engine, shutdown, stock_engine
     from vllm_rl.cost import load_cost
     from vllm_rl.darts import DartsPlanner
-    from vllm_rl.task import MODEL_PATH, heldout_prompts
-    from vllm_rl.task.problems import outside_prompts
+    from vllm_rl.task.kits import kit
 
-    model = args.model or str(MODEL_PATH)
-    prompts = (heldout_prompts(args.prompts) if args.prompt_seed is None
-               else outside_prompts(args.prompt_seed, args.prompts))
+    task = kit(args.task)
+    args.max_tokens = args.max_tokens or task.max_tokens
+    args.l_detect = args.l_detect or task.l_detect
+    model = args.model or str(task.model_path)
+    prompts = (task.heldout_prompts(args.prompts) if args.prompt_seed is None
+               else task.outside_prompts(args.prompt_seed, args.prompts))
+    context = max(1024, task.max_model_len)
     bar = tqdm(total=4, desc="vllm-rl bench step", unit="stage", dynamic_ncols=True)
     bar.set_postfix_str("starting engines (stock vLLM, RL, RL with DAS)")
     kv = int(args.kv_gib * (1 << 30))
-    stock = stock_engine(model, args.seed, args.gpu_limits, kv)
+    stock = stock_engine(model, args.seed, args.gpu_limits, kv, max_model_len=context)
     das = {**({"batch_cap": args.das_batch_cap} if args.das_batch_cap else {}),
            **(json.loads(args.das_config) if args.das_config else {})} or True
     kinds = {engine_kind(n) for n in names}
-    rl = rl_engine(model, args.seed, args.gpu_limits, kv, das=das, cost=args.cost)
-    plain = (rl_engine(model, args.seed, args.gpu_limits, kv, das=None, cost=args.cost)
+    rl = rl_engine(model, args.seed, args.gpu_limits, kv, max_model_len=context, das=das,
+                   cost=args.cost)
+    plain = (rl_engine(model, args.seed, args.gpu_limits, kv, max_model_len=context, das=None,
+                       cost=args.cost)
              if "rl" in kinds else None)
     engines = {"stock": stock, "das": rl, "rl": plain}
     cost = load_cost(args.cost)

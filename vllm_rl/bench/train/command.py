@@ -114,9 +114,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pool", type=int, default=256,
                     help="training prompts, cycled (default 256: 2.5 epochs in 40 steps "
                          "of 16)")
-    ap.add_argument("--max-tokens", type=int, default=256,
-                    help="generation cap, training and held-out (default 256, about 4x the "
-                         "mean length)")
+    from vllm_rl.task.kits import add_argument as add_task_argument
+
+    add_task_argument(ap)
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="generation cap, training and held-out (default: the kit's, 256 on "
+                         "the first, about 4x its mean length; 1,024 on the reasoning kit)")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--lr-schedule", default="constant", choices=("constant", "linear"),
                     help="constant (default: the same learning rate at every step, whatever "
@@ -129,7 +132,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--heldout-seed", type=int, default=None,
                     help="draw the held-out prompts from this generator seed instead of the "
                          "project's fixed held-out set (an outside check on unseen prompts)")
-    ap.add_argument("--l-detect", type=int, default=24, help="ARRoL's l_detect (default 24)")
+    ap.add_argument("--l-detect", type=int, default=None,
+                    help="ARRoL's l_detect (default: the kit's, 24 or 64)")
+    ap.add_argument("--regime-log", action="store_true",
+                    help="each run writes its samples as a regime log (RUN-regime.jsonl in "
+                         "runs/, what `vllm-rl advise` reads)")
     ap.add_argument("--arrol-cold", type=int, default=5,
                     help="ARRoL cold-start steps (default 5: Table 7's shortest that works)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
@@ -176,7 +183,12 @@ BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total} [{elapsed}<{rema
 
 
 def _run_args(args) -> dict:
-    return {k: getattr(args, k) for k in RUN_ARGS}
+    """The run-deciding arguments; the kit only where it is not the first (so the runs
+    made before the reasoning kit existed still match)."""
+    from vllm_rl.task.kits import DEFAULT
+
+    task = getattr(args, "task", DEFAULT)
+    return {k: getattr(args, k) for k in RUN_ARGS} | ({} if task == DEFAULT else {"task": task})
 
 
 def _finished(out: Path, name: str, seed: int, args) -> dict | None:
@@ -204,6 +216,10 @@ def main(argv: list[str] | None = None) -> None:
         args.eval_prompts, args.eval_samples, args.workers, args.prompts = 8, 2, 1, 2
         args.m, args.pool, args.arrol_cold = 4, 8, 1
     args.cost = args.cost or topology(args.topology).cost_spec
+    from vllm_rl.task.kits import kit
+
+    args.max_tokens = args.max_tokens or kit(args.task).max_tokens
+    args.l_detect = args.l_detect or kit(args.task).l_detect
     names = ["stock"] + [c for c in dict.fromkeys(args.configs.split(",")) if c and c != "stock"]
     unknown = check_configs(names)
     if unknown:

@@ -16,15 +16,15 @@ from vllm_rl.bench.train.budget import price_step, spend_key
 from vllm_rl.cost.trainer import TrainerCost
 
 
-def _engines(cache: dict) -> dict:
-    """The worker's two in-process engines, made once: stock vLLM (its own scheduler,
-    traced) and the RL engine (DAS drafter, ARRoL head, traced)."""
+def _engines(cache: dict, task) -> dict:
+    """The worker's two in-process engines on the kit ``task``'s model, made once: stock
+    vLLM (its own scheduler, traced) and the RL engine (DAS drafter, ARRoL head, traced)."""
     if not cache:
         from vllm_rl.bench.engines import rl_engine, stock_engine
-        from vllm_rl.task import MODEL_PATH
 
-        cache["stock"] = stock_engine(str(MODEL_PATH), max_model_len=512)
-        cache["rl"] = rl_engine(str(MODEL_PATH), max_model_len=512)
+        model = str(task.model_path)
+        cache["stock"] = stock_engine(model, max_model_len=task.max_model_len)
+        cache["rl"] = rl_engine(model, max_model_len=task.max_model_len)
     return cache
 
 
@@ -39,13 +39,17 @@ def _reset(llm, hidden_size: int) -> None:
     engine_scheduler(llm).duet_thresholds.clear()
 
 
-def _heldout(args) -> list[str]:
-    from vllm_rl.task import heldout_prompts
-    from vllm_rl.task.problems import outside_prompts
+def _kit(args):
+    from vllm_rl.task.kits import DEFAULT, kit
 
+    return kit(getattr(args, "task", DEFAULT))
+
+
+def _heldout(args) -> list[str]:
+    task = _kit(args)
     if args.heldout_seed is None:
-        return heldout_prompts(args.eval_prompts)
-    return outside_prompts(args.heldout_seed, args.eval_prompts, args.pool)
+        return task.heldout_prompts(args.eval_prompts)
+    return task.outside_prompts(args.heldout_seed, args.eval_prompts, args.pool)
 
 
 def _accuracy(llm, held: list[str], args) -> float:
@@ -83,12 +87,13 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
     from vllm_rl.integrations.trl.rollout import RolloutFunc, masked_reward
     from vllm_rl.integrations.trl.trainer import RLGRPOTrainer
     from vllm_rl.outcome import Reason
-    from vllm_rl.task import MODEL_PATH, reward, train_prompts
+    from vllm_rl.task import reward
     from vllm_rl.weights import load_weights
 
     flags = technique_flags(name, args.max_tokens, args.l_detect)
     llm = engines["stock" if flags is None else "rl"]
-    model = AutoModelForCausalLM.from_pretrained(MODEL_PATH)
+    task = _kit(args)
+    model = AutoModelForCausalLM.from_pretrained(task.model_path)
     hidden_size = model.config.hidden_size
     load_weights(llm, model.state_dict())
     if flags is not None:
@@ -105,11 +110,13 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
         planner = DartsPlanner(args.m, max_tokens=args.max_tokens,
                                guard="guard" in options.get("darts", ()))
     gate_only = "gate" in options.get("duet", ())
+    regime_log = (Path(args.out) / "runs" / f"{name}-s{seed}-regime.jsonl"
+                  if getattr(args, "regime_log", False) else None)
     rollout = RolloutFunc(llm, flags, max_tokens=args.max_tokens, seed=seed,
                           problem_id=lambda p: p, arrol_feedback=feedback, planner=planner,
-                          reward=reward if feedback is not None else None,
+                          reward=reward if feedback is not None or regime_log else None,
                           duet_allocation=None if gate_only else "auto",
-                          partial=partial_setting(name))
+                          partial=partial_setting(name), regime_log=regime_log)
     max_steps = args.steps if budget_s is None else (args.max_steps or 3 * args.steps)
     cost = load_cost(args.cost)
     trainer_cost = TrainerCost.load(args.topology, args.trainer_cost)
@@ -120,7 +127,7 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
         train_resume.clear(run_dir)
     trace = engine_trace(llm)
     held = _heldout(args)
-    pool = train_prompts(args.pool)
+    pool = task.train_prompts(args.pool)
     order = []
     rng = random.Random(seed)
     while len(order) < max_steps * args.prompts:
@@ -199,7 +206,7 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
         shuffle_dataset=False)
     trainer = RLGRPOTrainer(model=model, reward_funcs=[masked_reward(_task_reward)],
                             args=config, train_dataset=dataset,
-                            processing_class=AutoTokenizer.from_pretrained(MODEL_PATH),
+                            processing_class=AutoTokenizer.from_pretrained(task.model_path),
                             rollout_func=rollout, callbacks=[Record()])
     trainer.remove_callback(PrinterCallback)
     t0 = time.perf_counter()
@@ -256,7 +263,7 @@ def _worker(jobs, args_dict, queue) -> None:
     for name, seed, budget_s in iter(jobs.get, None):
         queue.put(("start", name, seed, os.getpid()))
         try:
-            _engines(engines)
+            _engines(engines, _kit(args))
             result = run_one(name, seed, args, engines,
                              progress=lambda n, s, row: queue.put(("step", n, s, row)),
                              start_cache=start_cache, budget_s=budget_s)

@@ -29,7 +29,9 @@ the function
 
 4. with ARRoL and a ``reward`` function, trains the quality head between steps
    (:class:`~vllm_rl.arrol.controller.ArrolFeedback` on every sample of the
-   step, the M′ − M left out included) and pushes it to the engine.
+   step, the M′ − M left out included) and pushes it to the engine,
+5. with ``regime_log`` (a path), appends the step's samples to it, with their rewards
+   where ``reward`` is given: what ``vllm-rl advise`` reads (:mod:`vllm_rl.regime_log`).
 
 :attr:`RolloutFunc.last` keeps the last step's records (for DUET's thresholds, the
 figures); DUET's K1/K2 are the engine's own online estimate unless the flags fix them.
@@ -93,7 +95,8 @@ class RolloutFunc:
                  reward: Callable[[str, str], float] | None = None,
                  duet_allocation: Any = "auto", duet_budget: float = 1.0,
                  partial: PartialConfig | dict | bool | None = None,
-                 keep_prompt: Callable[[Any], bool] | None = None) -> None:
+                 keep_prompt: Callable[[Any], bool] | None = None,
+                 regime_log: Any = None) -> None:
         self.llm, self.flags = llm, copy.deepcopy(flags) if flags else None
         self.redundant, self.max_tokens, self.temperature = redundant, max_tokens, temperature
         self.seed, self.problem_id, self.sync_weights = seed, problem_id, sync_weights
@@ -107,6 +110,8 @@ class RolloutFunc:
         self.partial = PartialConfig.of(partial)
         self.buffer = CarryBuffer()
         self.keep_prompt = keep_prompt          # a carried group's prompt still in the data?
+        self.regime_log = regime_log            # a path: each step's samples for `advise`
+        self._regime_log = None
         self.loaded_step: int | None = None
         self.weight_version: int | None = None  # the engine's after the last load
         self.calls = 0
@@ -373,22 +378,45 @@ class RolloutFunc:
         return result
 
     def _feedback(self) -> None:
-        """Between steps: DARTS's length statistics, ARRoL's head and calibration."""
+        """Between steps: DARTS's length statistics, ARRoL's head and calibration, the
+        regime log."""
         last = self.last
         if self.planner is not None:
             self.planner.observe({self.problem_id(p): [i.length for i in infos]
                                   for p, infos in zip(last.prompts, last.infos)})
+        if self.arrol_feedback is None and self.regime_log is None:
+            return
+        infos, rewards, prompts = [], [], []
+        for p, group, texts in zip(last.prompts, last.infos, last.texts):
+            for info, text in zip(group, texts):
+                infos.append(info)
+                rewards.append(self.reward(p, text) if self.reward is not None else None)
+                prompts.append(p)
+        if self.regime_log is not None:
+            self._log_regime(infos, rewards)
         if self.arrol_feedback is not None:
-            infos, rewards, prompts = [], [], []
-            for p, group, texts in zip(last.prompts, last.infos, last.texts):
-                for info, text in zip(group, texts):
-                    infos.append(info)
-                    rewards.append(self.reward(p, text))
-                    prompts.append(p)
             update = self.arrol_feedback.observe(infos, rewards, prompts)
             if update is not None:
                 self.llm.arrol_update(**update)
                 self.last_arrol_update = update
+
+    def _log_regime(self, infos: list[RolloutInfo], rewards: list) -> None:
+        """The step's samples to the regime log (:mod:`vllm_rl.regime_log`)."""
+        if self._regime_log is None:
+            from vllm_rl.regime_log import RegimeLog
+
+            self._regime_log = RegimeLog(
+                self.regime_log, self.llm.get_tokenizer(), self.max_tokens,
+                vocab_size=self.llm.llm_engine.model_config.get_vocab_size())
+        log, samples, k = self._regime_log, [], 0
+        for prompt, (_, parts) in zip(self.last.prompts, self._groups):
+            group = f"{self.calls}:{self.problem_id(prompt)}"
+            for part in parts:
+                sample = log.sample(group, part.token_ids, infos[k], rewards[k])
+                k += 1
+                if sample is not None:
+                    samples.append(sample)
+        log.write(self.calls, samples)
 
 
 # A padding row: its prompt had fewer samples than the batch's slots per prompt.

@@ -1,0 +1,87 @@
+"""``vllm-rl advise``: which techniques to switch on, read from your own rollouts.
+
+    vllm-rl advise regime.jsonl                  # a drop-in's regime log (a few steps)
+    vllm-rl advise regime.jsonl --last-steps 3   # only the last 3 steps it holds
+    vllm-rl advise regime.jsonl --json           # the figures and verdicts as JSON
+
+The log is what a drop-in writes with ``regime_log`` (TRL: ``RolloutFunc(regime_log=
+PATH)``; :mod:`vllm_rl.regime_log`): one line per sample.  For each technique it prints
+the regime statistics its gate reads (:class:`vllm_rl.regime.Regime`), what the gate
+would decide (:mod:`vllm_rl.advice`) and the benchmark row the advice rests on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="vllm-rl advise", description=__doc__.split("\n\n")[0])
+    ap.add_argument("log", help="a regime log (JSON lines, vllm_rl.regime_log)")
+    ap.add_argument("--last-steps", type=int, default=None,
+                    help="read only the log's last N steps (default: all)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    return ap
+
+
+def render(regime, verdicts) -> str:
+    def pct(x):
+        return "–" if x is None else f"{100 * x:.1f}%"
+
+    def num(x, fmt=".2f"):
+        return "–" if x is None else format(x, fmt)
+
+    r = regime
+    early = (f" ({r.ended_early} more ended early by a technique: they count only at "
+             "DUET's gate)" if r.ended_early else "")
+    lines = [f"{r.samples} samples in {r.groups} groups, response limit {r.max_tokens}{early}",
+             "",
+             "| statistic | your rollouts |", "|---|---|",
+             f"| samples with no marker at DUET's gate K2 + G = {r.gate} | "
+             f"{pct(r.markerless_at_gate)} |",
+             f"| tokens after the first answer: per sample; share of all | "
+             f"{num(r.tokens_after_first_answer, '.0f')}; {pct(r.share_after_first_answer)} |",
+             f"| length p50 / p90 / p99 | {r.length_p50:.0f} / {r.length_p90:.0f} / "
+             f"{r.length_p99:.0f} |",
+             f"| share cut by the limit | {pct(r.truncated)} |",
+             f"| DARTS's rho (all lengths); per-prompt sigma/mean | {r.rho:.2f}; "
+             f"{r.rho_per_prompt:.2f} |",
+             f"| wrong / right length within a group | {num(r.wrong_over_right_length)} |",
+             f"| correct share within groups; all right or all wrong | "
+             f"{pct(r.correct_share)}; {pct(r.all_or_none)} |",
+             f"| ARRoL's head: AUC pooled / within groups; accuracy ({r.scored} scored) | "
+             f"{num(r.head_auc)} / {num(r.head_auc_within)}; {pct(r.head_accuracy)} |",
+             f"| DAS: accepted tokens per draft token | {num(r.draft_acceptance)} |",
+             "", "| technique | its gate | why | rests on |", "|---|---|---|---|"]
+    lines += [f"| {v.technique} | {v.decision} | {v.why} | {v.rests_on} |" for v in verdicts]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from dataclasses import asdict
+
+    from vllm_rl.advice import verdicts
+    from vllm_rl.regime import Regime
+    from vllm_rl.regime_log import RecordsError, read
+
+    if args.last_steps is not None and args.last_steps < 1:
+        print("vllm-rl advise: --last-steps is at least 1", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        samples, max_tokens = read(args.log, args.last_steps)
+    except RecordsError as e:
+        print(f"vllm-rl advise: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    regime = Regime.of(samples, max_tokens)
+    found = verdicts(regime)
+    if args.json:
+        print(json.dumps({"regime": regime.as_dict(),
+                          "verdicts": [asdict(v) for v in found]}, indent=1))
+    else:
+        print(render(regime, found))
+
+
+if __name__ == "__main__":
+    main()
