@@ -10,9 +10,11 @@ records cannot say).  The thresholds are declared here once, each with its sourc
   accuracy": 16% on the first kit, -0.021 at equal time).  With no tokens after the
   first answer the trim saves nothing.
 * **DARTS** (Sec. 3.2.1, 4.3.1): its extra samples pay where a step waits for its tail:
-  the long tail "often exceeding the median length by 5-10x" (Sec. 1,
-  :data:`DARTS_TAIL_MIN`) and a share cut by the limit (tail pruning triggers for ~5% of
-  prompts, :data:`DARTS_TRUNCATED_MIN`).
+  a tail "often exceeding the median length by 5-10x" (Sec. 1, :data:`DARTS_TAIL_MIN`),
+  or, where the response limit cuts the tail (p99 at the limit: the ratio says only how
+  far the limit is), a share of samples that run into it (:data:`DARTS_TRUNCATED_MIN`,
+  the ~5% of prompts DARTS's tail pruning triggers for, Sec. 4.3.1).  DARTS's own ρ
+  (App. B) sets how many extra samples, not whether: it is 0.80-0.85 on both kits.
 * **ARRoL** (Sec. 4.2, App. A.4): pruning steers only where the head ranks samples within
   their groups; the project's floor is :data:`vllm_rl.arrol.controller.AUC_GATE` (the
   engine's own steering gate decides step by step).
@@ -33,15 +35,22 @@ DARTS_TRUNCATED_MIN = 0.05   # DARTS Sec. 4.3.1: tail pruning triggers for ~5% o
 
 ON, OFF, NO_EVIDENCE = "on", "off", "no evidence"
 
-# The benchmark rows each verdict rests on (docs/benchmarks.md, by section).
+# The rows each verdict rests on (docs/benchmarks.md by section, or the paper where the
+# project has no end-to-end run in that regime yet), by (technique, decision).
 ROWS = {
-    "duet": "Time to accuracy: duet:gate -0.021 (-0.038 to -0.004) at equal time on the "
-            "first kit, 16% marker-less at the gate",
-    "darts": "Time to accuracy: DARTS on top of DAS 1.12-1.15x against DAS's 1.20-1.27x "
-             "on the first kit (response limit 256)",
-    "arrol": "ARRoL's gate: where steering helps (vllm-rl bench arrol-gate)",
-    "das": "Time to accuracy: das 1.29x (1.24-1.34) at equal accuracy, host counted, "
-           "16 x 8 on the first kit",
+    ("duet", OFF): "Time to accuracy: duet:gate -0.021 (-0.038 to -0.004) at equal time on "
+                   "the first kit, 16% marker-less at the gate",
+    ("duet", ON): "DUET Table 3: 2.51x at eps 0.05 (Qwen3-1.7B, MATH, 1.2-6% marker-less); "
+                  "no end-to-end run on the reasoning kit yet",
+    ("darts", OFF): "Time to accuracy: DARTS on top of DAS 1.12-1.15x against DAS's "
+                    "1.20-1.27x on the first kit (response limit 256, 3.4% cut by it)",
+    ("darts", ON): "DARTS Sec. 5.2: 1.29-1.77x over VeRL (Qwen 3B-32B, DAPO-MATH); no "
+                   "end-to-end run on the reasoning kit yet",
+    ("arrol", OFF): "ARRoL's gate: where steering helps (vllm-rl bench arrol-gate)",
+    ("arrol", ON): "ARRoL's gate: where steering helps (vllm-rl bench arrol-gate)",
+    ("arrol", NO_EVIDENCE): "ARRoL's gate: where steering helps (vllm-rl bench arrol-gate)",
+    ("das", ON): "Time to accuracy: das 1.29x (1.24-1.34) at equal accuracy, host counted, "
+                 "16 x 8 on the first kit; 64 x 8 end to end: seed 0 below stock",
 }
 
 
@@ -50,7 +59,11 @@ class Verdict:
     technique: str
     decision: str          # ON, OFF or NO_EVIDENCE
     why: str
-    rests_on: str
+    rests_on: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.rests_on:
+            object.__setattr__(self, "rests_on", ROWS[(self.technique, self.decision)])
 
 
 def _pct(x: float) -> str:
@@ -62,23 +75,24 @@ def duet(r: Regime) -> Verdict:
                "with no marker")
     if r.markerless_at_gate > DUET_MARKERLESS_MAX:
         return Verdict("duet", OFF, f"{at_gate}, above the paper's 6% (App. A.4): its 1/eps "
-                       "samples would carry a large share of each step", ROWS["duet"])
+                       "samples would carry a large share of each step")
     trim = (f"the trim removes the {_pct(r.share_after_first_answer)} of tokens written "
             "after the first answer" if r.share_after_first_answer > 0 else
             "no tokens come after the first answer: the trim saves nothing")
-    return Verdict("duet", ON, f"{at_gate}, within the paper's 1.2-6% (App. A.4); {trim}",
-                   ROWS["duet"])
+    return Verdict("duet", ON, f"{at_gate}, within the paper's 1.2-6% (App. A.4); {trim}")
 
 
 def darts(r: Regime) -> Verdict:
     tail = r.length_p99 / max(r.length_p50, 1.0)
-    long_tail = tail >= DARTS_TAIL_MIN and r.truncated >= DARTS_TRUNCATED_MIN
+    cut = r.length_p99 >= r.max_tokens
+    long_tail = (r.truncated >= DARTS_TRUNCATED_MIN if cut else tail >= DARTS_TAIL_MIN)
+    ratio = (f"length p99/p50 {tail:.1f}x, p99 at the limit" if cut else
+             f"length p99/p50 {tail:.1f}x (DARTS Sec. 1: 5-10x)")
     return Verdict(
         "darts", ON if long_tail else OFF,
-        f"length p99/p50 {tail:.1f}x (DARTS Sec. 1: 5-10x), {_pct(r.truncated)} cut by the "
-        f"limit (Sec. 4.3.1: ~5%), rho {r.rho:.2f}: "
+        f"{ratio}; {_pct(r.truncated)} cut by the limit (~5%: Sec. 4.3.1); rho {r.rho:.2f}: "
         + ("the step waits for its tail" if long_tail else
-           "the tail is too short for the extra samples to pay"), ROWS["darts"])
+           "the tail is too short for the extra samples to pay"))
 
 
 def arrol(r: Regime) -> Verdict:
@@ -86,23 +100,22 @@ def arrol(r: Regime) -> Verdict:
 
     if r.head_auc_within is None:
         return Verdict("arrol", NO_EVIDENCE, "no sample carries both a head score and a "
-                       "reward (ARRoL flags at l_detect, rewards in the records)", ROWS["arrol"])
+                       "reward (ARRoL flags at l_detect, rewards in the records)")
     ranks = r.head_auc_within >= AUC_GATE
     return Verdict("arrol", ON if ranks else OFF,
                    f"the head's within-group AUC {r.head_auc_within:.2f} over {r.scored} "
                    f"scored samples (pooled {r.head_auc:.2f}), the floor {AUC_GATE}: "
                    + ("it ranks within groups; the engine's steering gate decides each step"
-                      if ranks else "it does not rank within groups; pruning would not steer"),
-                   ROWS["arrol"])
+                      if ranks else "it does not rank within groups; pruning would not steer"))
 
 
 def das(r: Regime) -> Verdict:
     if r.draft_acceptance is None:
         return Verdict("das", ON, "no drafts in the records; DAS is lossless and its cost "
-                       "cap drafts only where verification pays", ROWS["das"])
+                       "cap drafts only where verification pays")
     return Verdict("das", ON, f"{r.draft_acceptance:.2f} accepted tokens per draft token "
                    f"over {r.draft_tokens} draft tokens; lossless, and its cost cap drafts "
-                   "only where verification pays", ROWS["das"])
+                   "only where verification pays")
 
 
 def verdicts(r: Regime) -> list[Verdict]:

@@ -81,8 +81,12 @@ def test_duet_verdict_follows_the_papers_marker_less_range():
 
 
 def test_darts_verdict_reads_the_tail():
-    assert advice.darts(_regime(length_p50=100, length_p99=1024, truncated=0.1)).decision == advice.ON
-    assert advice.darts(_regime(length_p50=60, length_p99=256, truncated=0.05)).decision == advice.OFF
+    cut = dict(max_tokens=1024, length_p50=255, length_p99=1024)
+    assert advice.darts(_regime(**cut, truncated=0.115)).decision == advice.ON
+    assert advice.darts(_regime(**cut, truncated=0.034)).decision == advice.OFF
+    whole = dict(max_tokens=4096, length_p50=100, truncated=0.0)
+    assert advice.darts(_regime(**whole, length_p99=800)).decision == advice.ON
+    assert advice.darts(_regime(**whole, length_p99=300)).decision == advice.OFF
 
 
 def test_arrol_without_scores_is_no_evidence():
@@ -163,3 +167,18 @@ def test_bench_regime_table_sets_each_row_beside_the_papers(tmp_path):
     assert bench.verdict_table(results).count("| reasoning |") == 4
     bench.plot(results, tmp_path / "regime.png")
     assert (tmp_path / "regime.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("kit, duet, darts", [("arith", "off", "off"),
+                                              ("reasoning", "on", "on")])
+def test_advise_on_each_kits_records(capsys, kit, duet, darts):
+    """The regime logs `vllm-rl bench regime` wrote of each kit's samples (committed in
+    docs/results/regime/): what a user would bring."""
+    from pathlib import Path
+
+    from vllm_rl.cli.advise import main
+
+    log = Path(__file__).resolve().parents[2] / "docs/results/regime" / f"{kit}-regime.jsonl"
+    main([str(log), "--json"])
+    got = {v["technique"]: v["decision"] for v in json.loads(capsys.readouterr().out)["verdicts"]}
+    assert got["duet"] == duet and got["darts"] == darts and got["das"] == "on"

@@ -2,6 +2,7 @@
 
     vllm-rl bench regime                                  # both kits, about 20 min here
     vllm-rl bench regime --kits reasoning --prompts 32    # one kit, smaller
+    vllm-rl bench regime --from A/regime.json --out A     # the table and picture again
 
 Per kit (:mod:`vllm_rl.task.kits`), on the RL engine at the kit's response limit, T = 1:
 
@@ -65,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--epochs", type=int, default=60, help="the head's training epochs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench-results/regime")
+    ap.add_argument("--from", dest="source", default=None, metavar="REGIME_JSON",
+                    help="run nothing: the table, verdicts and picture again from a "
+                         "regime.json (into --out)")
     return ap
 
 
@@ -205,10 +209,11 @@ def verdict_table(results: list[dict]) -> str:
     from vllm_rl.advice import verdicts
     from vllm_rl.regime import Regime
 
-    lines = ["| kit | technique | its gate | why |", "|---|---|---|---|"]
+    lines = ["| kit | technique | its gate | why | rests on |", "|---|---|---|---|---|"]
     for x in results:
         for v in verdicts(Regime(**x["regime"])):
-            lines.append(f"| {x['kit']} | {v.technique} | {v.decision} | {v.why} |")
+            lines.append(f"| {x['kit']} | {v.technique} | {v.decision} | {v.why} | "
+                         f"{v.rests_on} |")
     return "\n".join(lines)
 
 
@@ -244,17 +249,21 @@ def main(argv: list[str] | None = None) -> None:
     from vllm_rl.bench.logs import vllm_log_to
     from vllm_rl.task.kits import kit
 
-    kits = [kit(name) for name in args.kits.split(",")]
-    in_process()
-    vllm_log_to(out / "vllm.log")
-    t0 = time.time()
-    results = []
-    with tqdm(total=3 * len(kits), desc="regime runs", unit="run") as progress:
-        for k in kits:
-            results.append(measure(k, args, progress))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "regime.json").write_text(json.dumps(
-        {"args": vars(args), "minutes": (time.time() - t0) / 60, "kits": results}, indent=1))
+    if args.source:
+        results = json.loads(Path(args.source).read_text())["kits"]
+    else:
+        kits = [kit(name) for name in args.kits.split(",")]
+        in_process()
+        vllm_log_to(out / "vllm.log")
+        t0 = time.time()
+        results = []
+        with tqdm(total=3 * len(kits), desc="regime runs", unit="run") as progress:
+            for k in kits:
+                results.append(measure(k, args, progress))
+        (out / "regime.json").write_text(json.dumps(
+            {"args": vars(args), "minutes": (time.time() - t0) / 60, "kits": results},
+            indent=1))
     text = table(results) + "\n\n" + verdict_table(results) + "\n"
     (out / "regime.md").write_text(text)
     plot(results, out / "regime.png")
