@@ -31,9 +31,14 @@ def test_unknown_subcommand_fails_with_the_list(capsys):
 @pytest.mark.parametrize("name,words", [
     ("serve", ("--das", "--das-budget", "--arrol", "--stock", "--help=all", "/vllm_rl/das")),
     ("bench", ("step", "train", "das", "das-batch", "arrol", "arrol-gate", "overhead",
-               "--help")),
-    ("bench step", ("--prompts", "--max-tokens", "--configs", "--gpu-limits", "--cost", "--out")),
-    ("bench train", ("--seeds", "--steps", "--eval-prompts", "--quick", "--small", "--workers")),
+               "regime", "--help")),
+    ("bench step", ("--prompts", "--max-tokens", "--configs", "--gpu-limits", "--cost", "--out",
+                    "--task")),
+    ("bench train", ("--seeds", "--steps", "--eval-prompts", "--quick", "--small", "--workers",
+                     "--task", "--regime-log")),
+    ("bench regime", ("--kits", "--prompts", "--heldout", "--from")),
+    ("bench points", ("--sizes", "--task")),
+    ("advise", ("--last-steps", "--json")),
     ("bench das", ("--epochs", "--configs")),
     ("bench das-batch", ("--sizes", "--repeats")),
     ("bench arrol", ("--l-detect", "--head-inputs")),
@@ -49,7 +54,7 @@ def test_subcommand_help(name, words):
     assert f"vllm-rl {name}" in r.stdout
     for w in words:
         assert w in r.stdout, (w, r.stdout)
-    assert set(SUBCOMMANDS) == {"serve", "bench", "serve-bench"}
+    assert set(SUBCOMMANDS) == {"serve", "bench", "advise", "serve-bench"}
 
 
 def test_serve_builds_rl_flags_and_embedded_model():

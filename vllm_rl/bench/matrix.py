@@ -34,12 +34,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_rl.duet.rule import scaled_grace as duet_grace
+from vllm_rl.task.problems import ANSWER_PATTERN as TASK_MARKER
+
 TECHNIQUES = ("darts", "duet", "das", "arrol")
 PARTIAL = "partial"          # trainer side: APRIL's partial rollouts (bench train)
 PER_STEP = "das+duet+arrol"
 CONFIGS = ("stock", *TECHNIQUES, PER_STEP, "all")
-from vllm_rl.duet.rule import scaled_grace as duet_grace
-from vllm_rl.task.problems import ANSWER_PATTERN as TASK_MARKER
 
 
 def technique_flags(name: str, max_tokens: int, l_detect: int = 24,

@@ -36,9 +36,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from vllm_rl.task.problems import ANSWER_PATTERN as TASK_MARKER
+
 PERCENTILES = (50, 90, 99)
 TECHNIQUES = ("darts", "duet", "das", "arrol")
-from vllm_rl.task.problems import ANSWER_PATTERN as TASK_MARKER
 
 
 def parser() -> argparse.ArgumentParser:
