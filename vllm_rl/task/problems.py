@@ -27,6 +27,8 @@ from vllm_rl.duet.markers import BOXED_PATTERN
 EOS = "<|endoftext|>"
 MAX_VALUE = 99
 MIN_OPS, MAX_OPS = 2, 7
+Ops = tuple[int, int]          # the fewest and most operations of a problem
+ARITH_OPS: Ops = (MIN_OPS, MAX_OPS)
 
 # Teacher-trace knobs (the defaults the shipped model was trained with).
 STEP_ERROR = 0.05        # probability that a fresh step is computed wrong
@@ -62,18 +64,18 @@ def _apply(value: int, op: str, d: int) -> int:
     return value + d if op == "+" else value - d
 
 
-def random_problem(rng: random.Random, ops: tuple[int, int] = (MIN_OPS, MAX_OPS)) -> Problem:
+def random_problem(rng: random.Random, ops: Ops = ARITH_OPS) -> Problem:
     """A problem with ``ops[0]`` to ``ops[1]`` operations, its running total in [0, 99]."""
     k = rng.randint(*ops)
     value = rng.randint(10, MAX_VALUE)
-    start, ops = value, []
+    start, chain = value, []
     for _ in range(k):
         d = rng.randint(2, 9)
         choices = [o for o in "+-" if 0 <= _apply(value, o, d) <= MAX_VALUE]
         op = rng.choice(choices)
         value = _apply(value, op, d)
-        ops.append((op, d))
-    return Problem(start, tuple(ops))
+        chain.append((op, d))
+    return Problem(start, tuple(chain))
 
 
 def parse_prompt(prompt: str) -> Problem:
@@ -135,7 +137,7 @@ def reward(prompt: str, completion: str) -> float:
 
 
 def _problem_set(seed: int, n: int, exclude: set[Problem] | None = None,
-                 ops: tuple[int, int] = (MIN_OPS, MAX_OPS)) -> list[Problem]:
+                 ops: Ops = ARITH_OPS) -> list[Problem]:
     rng, out, seen = random.Random(seed), [], set(exclude or ())
     while len(out) < n:
         p = random_problem(rng, ops)
@@ -146,10 +148,6 @@ def _problem_set(seed: int, n: int, exclude: set[Problem] | None = None,
 
 
 HELDOUT_SEED, TRAIN_SEED = 1234, 42
-
-
-Ops = tuple[int, int]
-ARITH_OPS: Ops = (MIN_OPS, MAX_OPS)
 
 
 def heldout_problems(n: int = 64, ops: Ops = ARITH_OPS) -> list[Problem]:

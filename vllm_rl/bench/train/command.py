@@ -182,11 +182,22 @@ RUN_ARGS = ("steps", "prompts", "m", "pool", "max_tokens", "lr", "lr_schedule", 
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total} [{elapsed}<{remaining}{postfix}]"
 
 
+def settle(args) -> None:
+    """The kit's defaults where the command line left them: the response limit and
+    ARRoL's l_detect."""
+    from vllm_rl.task.kits import DEFAULT, kit
+
+    task = kit(getattr(args, "task", DEFAULT))
+    args.max_tokens = args.max_tokens or task.max_tokens
+    args.l_detect = args.l_detect or task.l_detect
+
+
 def _run_args(args) -> dict:
     """The run-deciding arguments; the kit only where it is not the first (so the runs
     made before the reasoning kit existed still match)."""
     from vllm_rl.task.kits import DEFAULT
 
+    settle(args)
     task = getattr(args, "task", DEFAULT)
     return {k: getattr(args, k) for k in RUN_ARGS} | ({} if task == DEFAULT else {"task": task})
 
@@ -216,10 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         args.eval_prompts, args.eval_samples, args.workers, args.prompts = 8, 2, 1, 2
         args.m, args.pool, args.arrol_cold = 4, 8, 1
     args.cost = args.cost or topology(args.topology).cost_spec
-    from vllm_rl.task.kits import kit
-
-    args.max_tokens = args.max_tokens or kit(args.task).max_tokens
-    args.l_detect = args.l_detect or kit(args.task).l_detect
+    settle(args)
     names = ["stock"] + [c for c in dict.fromkeys(args.configs.split(",")) if c and c != "stock"]
     unknown = check_configs(names)
     if unknown:
