@@ -59,11 +59,12 @@ class Verdict:
     technique: str
     decision: str          # ON, OFF or NO_EVIDENCE
     why: str
-    rests_on: str = ""
+    rests_on: str
 
-    def __post_init__(self) -> None:
-        if not self.rests_on:
-            object.__setattr__(self, "rests_on", ROWS[(self.technique, self.decision)])
+
+def _verdict(technique: str, decision: str, why: str) -> Verdict:
+    """A verdict with the row its decision rests on (:data:`ROWS`)."""
+    return Verdict(technique, decision, why, ROWS[(technique, decision)])
 
 
 def _pct(x: float) -> str:
@@ -74,12 +75,12 @@ def duet(r: Regime) -> Verdict:
     at_gate = (f"{_pct(r.markerless_at_gate)} of samples reach the gate K2 + G = {r.gate} "
                "with no marker")
     if r.markerless_at_gate > DUET_MARKERLESS_MAX:
-        return Verdict("duet", OFF, f"{at_gate}, above the paper's 6% (App. A.4): its 1/eps "
+        return _verdict("duet", OFF, f"{at_gate}, above the paper's 6% (App. A.4): its 1/eps "
                        "samples would carry a large share of each step")
     trim = (f"the trim removes the {_pct(r.share_after_first_answer)} of tokens written "
             "after the first answer" if r.share_after_first_answer > 0 else
             "no tokens come after the first answer: the trim saves nothing")
-    return Verdict("duet", ON, f"{at_gate}, within the paper's 1.2-6% (App. A.4); {trim}")
+    return _verdict("duet", ON, f"{at_gate}, within the paper's 1.2-6% (App. A.4); {trim}")
 
 
 def darts(r: Regime) -> Verdict:
@@ -88,7 +89,7 @@ def darts(r: Regime) -> Verdict:
     long_tail = (r.truncated >= DARTS_TRUNCATED_MIN if cut else tail >= DARTS_TAIL_MIN)
     ratio = (f"length p99/p50 {tail:.1f}x, p99 at the limit" if cut else
              f"length p99/p50 {tail:.1f}x (DARTS Sec. 1: 5-10x)")
-    return Verdict(
+    return _verdict(
         "darts", ON if long_tail else OFF,
         f"{ratio}; {_pct(r.truncated)} cut by the limit (~5%: Sec. 4.3.1); rho {r.rho:.2f}: "
         + ("the step waits for its tail" if long_tail else
@@ -99,10 +100,10 @@ def arrol(r: Regime) -> Verdict:
     from vllm_rl.arrol.controller import AUC_GATE
 
     if r.head_auc_within is None:
-        return Verdict("arrol", NO_EVIDENCE, "no sample carries both a head score and a "
+        return _verdict("arrol", NO_EVIDENCE, "no sample carries both a head score and a "
                        "reward (ARRoL flags at l_detect, rewards in the records)")
     ranks = r.head_auc_within >= AUC_GATE
-    return Verdict("arrol", ON if ranks else OFF,
+    return _verdict("arrol", ON if ranks else OFF,
                    f"the head's within-group AUC {r.head_auc_within:.2f} over {r.scored} "
                    f"scored samples (pooled {r.head_auc:.2f}), the floor {AUC_GATE}: "
                    + ("it ranks within groups; the engine's steering gate decides each step"
@@ -111,9 +112,9 @@ def arrol(r: Regime) -> Verdict:
 
 def das(r: Regime) -> Verdict:
     if r.draft_acceptance is None:
-        return Verdict("das", ON, "no drafts in the records; DAS is lossless and its cost "
+        return _verdict("das", ON, "no drafts in the records; DAS is lossless and its cost "
                        "cap drafts only where verification pays")
-    return Verdict("das", ON, f"{r.draft_acceptance:.2f} accepted tokens per draft token "
+    return _verdict("das", ON, f"{r.draft_acceptance:.2f} accepted tokens per draft token "
                    f"over {r.draft_tokens} draft tokens; lossless, and its cost cap drafts "
                    "only where verification pays")
 

@@ -18,14 +18,10 @@ from typing import Any, Sequence
 
 from vllm_rl.regime import Sample, first_answer_tokens
 from vllm_rl.duet.markers import BOXED_PATTERN
+from vllm_rl.outcome import Reason
 
 REQUIRED = ("group", "length", "truncated", "max_tokens")
-
-
-def _natural():
-    from vllm_rl.outcome import Reason
-
-    return (Reason.EOS, Reason.STOP, Reason.LENGTH)
+NATURAL = (Reason.EOS, Reason.STOP, Reason.LENGTH)     # ended by itself or at the limit
 
 
 class RecordsError(ValueError):
@@ -47,8 +43,6 @@ class RegimeLog:
                reward: float | None) -> Sample | None:
         """One sample's facts from all its tokens and its record (:class:`~vllm_rl.outcome.
         RolloutInfo`); None for one carried to the next step or dropped as stale."""
-        from vllm_rl.outcome import Reason
-
         if info.reason in (Reason.CARRIED, Reason.STALE):
             return None
         table = self.table
@@ -57,7 +51,7 @@ class RegimeLog:
             first_answer=first_answer_tokens(
                 [table[t] if t < len(table) else b"" for t in token_ids], self.marker),
             reward=reward, score=info.score, draft_proposed=info.draft_proposed,
-            draft_accepted=info.draft_accepted, ended_early=info.reason not in _natural())
+            draft_accepted=info.draft_accepted, ended_early=info.reason not in NATURAL)
 
     def write(self, step: int, samples: Sequence[Sample]) -> None:
         append(self.path, step, samples, self.max_tokens)
