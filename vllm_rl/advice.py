@@ -5,7 +5,8 @@ records cannot say).  The thresholds are declared here once, each with its sourc
 
 * **DUET** (Sec. 3.2, App. A.4): its gate aborts the samples that reach ``K2 + G`` with
   no marker, each kept with probability eps at weight 1/eps.  The paper's gain is
-  measured where that share is 1.2-6% (:data:`DUET_MARKERLESS_MAX`); above it the 1/eps
+  measured where that share is 1.2-6% (:data:`vllm_rl.duet.regime_gate.MARKERLESS_MAX`,
+  which the engine's own ``duet.regime_gate`` reads too); above it the 1/eps
   samples carry a large part of a step's weight (``docs/benchmarks.md``, "Time to
   accuracy": 16% on the first kit, -0.021 at equal time).  With no tokens after the
   first answer the trim saves nothing.
@@ -21,15 +22,19 @@ records cannot say).  The thresholds are declared here once, each with its sourc
 * **DAS** (Sec. 4): lossless; its confidence cap prices each draft every step, so it
   drafts only where verification costs less than it saves; the acceptance says how much.
 
-Each verdict names the benchmark row it rests on (:data:`ROWS`).
+Each verdict names the benchmark row it rests on (:data:`ROWS`).  :func:`verdicts` reads
+a regime from samples (a regime log, :class:`vllm_rl.regime.Regime`); :func:`served`
+reads what a server's ``/metrics`` gives (:class:`vllm_rl.served_regime.ServedRegime`),
+with the same thresholds.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_rl.duet.regime_gate import MARKERLESS_MAX
 from vllm_rl.regime import Regime
+from vllm_rl.served_regime import ServedRegime
 
-DUET_MARKERLESS_MAX = 0.06   # DUET App. A.4: the realised marker-less rate 0.012-0.06
 DARTS_TAIL_MIN = 5.0         # DARTS Sec. 1: the tail 5-10x the median length
 DARTS_TRUNCATED_MIN = 0.05   # DARTS Sec. 4.3.1: tail pruning triggers for ~5% of prompts
 
@@ -49,6 +54,8 @@ ROWS = {
     ("arrol", OFF): "ARRoL's gate: where steering helps (vllm-rl bench arrol-gate)",
     ("arrol", ON): "ARRoL's gate: where steering helps (vllm-rl bench arrol-gate)",
     ("arrol", NO_EVIDENCE): "ARRoL's gate: where steering helps (vllm-rl bench arrol-gate)",
+    ("duet", NO_EVIDENCE): "DUET App. A.4: its gain measured at 1.2-6% marker-less",
+    ("darts", NO_EVIDENCE): "DARTS Sec. 1, 4.3.1: a tail 5-10x the median, or ~5% cut",
     ("das", ON): "Time to accuracy: das 1.29x (1.24-1.34) at equal accuracy, host counted, "
                  "16 x 8 on the first kit; 64 x 8 end to end: seed 0 below stock",
 }
@@ -71,10 +78,22 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def _duet_pays(markerless: float) -> bool:
+    return markerless <= MARKERLESS_MAX
+
+
+def _darts_pays(truncated: float, tail: float, cut: bool) -> bool:
+    return truncated >= DARTS_TRUNCATED_MIN if cut else tail >= DARTS_TAIL_MIN
+
+
+def _at_gate(share: float, gate: int | None) -> str:
+    where = "the gate K2 + G" + ("" if gate is None else f" = {gate}")
+    return f"{_pct(share)} of samples reach {where} with no marker"
+
+
 def duet(r: Regime) -> Verdict:
-    at_gate = (f"{_pct(r.markerless_at_gate)} of samples reach the gate K2 + G = {r.gate} "
-               "with no marker")
-    if r.markerless_at_gate > DUET_MARKERLESS_MAX:
+    at_gate = _at_gate(r.markerless_at_gate, r.gate)
+    if not _duet_pays(r.markerless_at_gate):
         return _verdict("duet", OFF, f"{at_gate}, above the paper's 6% (App. A.4): its 1/eps "
                        "samples would carry a large share of each step")
     trim = (f"the trim removes the {_pct(r.share_after_first_answer)} of tokens written "
@@ -86,7 +105,7 @@ def duet(r: Regime) -> Verdict:
 def darts(r: Regime) -> Verdict:
     tail = r.length_p99 / max(r.length_p50, 1.0)
     cut = r.length_p99 >= r.max_tokens
-    long_tail = (r.truncated >= DARTS_TRUNCATED_MIN if cut else tail >= DARTS_TAIL_MIN)
+    long_tail = _darts_pays(r.truncated, tail, cut)
     ratio = (f"length p99/p50 {tail:.1f}x, p99 at the limit" if cut else
              f"length p99/p50 {tail:.1f}x (DARTS Sec. 1: 5-10x)")
     return _verdict(
@@ -97,28 +116,88 @@ def darts(r: Regime) -> Verdict:
 
 
 def arrol(r: Regime) -> Verdict:
-    from vllm_rl.arrol.controller import AUC_GATE
-
     if r.head_auc_within is None:
         return _verdict("arrol", NO_EVIDENCE, "no sample carries both a head score and a "
                        "reward (ARRoL flags at l_detect, rewards in the records)")
-    ranks = r.head_auc_within >= AUC_GATE
+    return _arrol(r.head_auc_within, f"over {r.scored} scored samples (pooled "
+                  f"{r.head_auc:.2f})")
+
+
+def _arrol(within: float, over: str) -> Verdict:
+    from vllm_rl.arrol.controller import AUC_GATE
+
+    ranks = within >= AUC_GATE
     return _verdict("arrol", ON if ranks else OFF,
-                   f"the head's within-group AUC {r.head_auc_within:.2f} over {r.scored} "
-                   f"scored samples (pooled {r.head_auc:.2f}), the floor {AUC_GATE}: "
+                   f"the head's within-group AUC {within:.2f} {over}, the floor {AUC_GATE}: "
                    + ("it ranks within groups; the engine's steering gate decides each step"
                       if ranks else "it does not rank within groups; pruning would not steer"))
 
 
 def das(r: Regime) -> Verdict:
-    if r.draft_acceptance is None:
+    return _das(r.draft_acceptance, r.draft_tokens)
+
+
+def _das(acceptance: float | None, tokens: int) -> Verdict:
+    if acceptance is None:
         return _verdict("das", ON, "no drafts in the records; DAS is lossless and its cost "
                        "cap drafts only where verification pays")
-    return _verdict("das", ON, f"{r.draft_acceptance:.2f} accepted tokens per draft token "
-                   f"over {r.draft_tokens} draft tokens; lossless, and its cost cap drafts "
+    return _verdict("das", ON, f"{acceptance:.2f} accepted tokens per draft token "
+                   f"over {tokens} draft tokens; lossless, and its cost cap drafts "
                    "only where verification pays")
 
 
 def verdicts(r: Regime) -> list[Verdict]:
     """Every technique's verdict, in the order the brief names them."""
     return [arrol(r), duet(r), das(r), darts(r)]
+
+
+# ----------------------------------------------------------- from a server's /metrics
+def served(s: ServedRegime) -> list[Verdict]:
+    """Every technique's verdict from ``/metrics`` (:class:`ServedRegime`): the same
+    thresholds; a length quantile is a histogram bucket, so DARTS's tail ratio decides
+    only where the buckets leave no doubt."""
+    return [_served_arrol(s), _served_duet(s), _das(s.draft_acceptance, s.draft_tokens),
+            _served_darts(s)]
+
+
+def _served_duet(s: ServedRegime) -> Verdict:
+    if s.markerless_at_gate is None:
+        return _verdict("duet", NO_EVIDENCE, "no DUET sample has ended with the engine's "
+                       "share measured (it needs 256 DUET samples): send a few steps with "
+                       "duet flags, or read a regime log")
+    at_gate = _at_gate(s.markerless_at_gate, None)
+    shut = "" if s.duet_gate_open in (None, True) else "; duet.regime_gate has it shut"
+    if not _duet_pays(s.markerless_at_gate):
+        return _verdict("duet", OFF, f"{at_gate}, above the paper's 6% (App. A.4){shut}")
+    return _verdict("duet", ON, f"{at_gate}, within the paper's 1.2-6% (App. A.4); the "
+                   "tokens after the answer are not on /metrics (a regime log has them)")
+
+
+def _served_darts(s: ServedRegime) -> Verdict:
+    if s.truncated is None or s.length_p50 is None or s.length_p99 is None:
+        return _verdict("darts", NO_EVIDENCE, "no flagged sample has ended by itself or at "
+                       "the limit on this server")
+    cut = s.truncated >= 0.01                  # p99 at the limit: 1% or more end there
+    (lo50, hi50), (lo99, hi99) = s.length_p50, s.length_p99
+    least, most = lo99 / max(hi50, 1.0), hi99 / max(lo50, 1.0)
+    said = f"{_pct(s.truncated)} cut by the limit (~5%: Sec. 4.3.1)"
+    if cut:
+        on = _darts_pays(s.truncated, 0.0, True)
+        return _verdict("darts", ON if on else OFF, f"p99 at the limit; {said}: " + (
+            "the step waits for its tail" if on else "too few run into the limit"))
+    ratio = f"length p99/p50 between {least:.1f}x and {most:.1f}x (DARTS Sec. 1: 5-10x)"
+    if _darts_pays(s.truncated, least, False):
+        return _verdict("darts", ON, f"{ratio}; {said}: the step waits for its tail")
+    if not _darts_pays(s.truncated, most, False):
+        return _verdict("darts", OFF, f"{ratio}; {said}: the tail is too short for the "
+                       "extra samples to pay")
+    return _verdict("darts", NO_EVIDENCE, f"{ratio}: the histogram's buckets straddle "
+                   "the 5x threshold (a regime log gives the quantiles)")
+
+
+def _served_arrol(s: ServedRegime) -> Verdict:
+    if s.head_auc_within is None:
+        return _verdict("arrol", NO_EVIDENCE, "no calibrated head has scored a sample on "
+                       "this server (the trainer pushes the held-out AUC with its "
+                       "calibration)")
+    return _arrol(s.head_auc_within, "held out, from the trainer's last calibration")

@@ -180,6 +180,9 @@ class DuetFlags:
     with no marker is aborted with probability ``1 - eps`` or kept to its end with weight
     ``1/eps``.  ``k1``/``k2`` left out: the engine's online estimate (App. A.3).
     Defaults: G = 150 and poll = 8 (App. A.3), eps = 0.05 (Table 3's default abort floor).
+    ``regime_gate`` (off by default: the paper's gate always aborts) keeps every sample
+    (eps = 1) while the engine's marker-less share at the gate is above the paper's 6%
+    (:mod:`vllm_rl.duet.regime_gate`).
     """
 
     marker: str = flag(str, "math", choices=MARKER_KINDS, cite="Sec. 3.2 marker detector")
@@ -189,6 +192,8 @@ class DuetFlags:
     grace: int = flag(int, 150, lo=0, hi=1 << 20, cite="G = 150, App. A.3")
     eps: float = flag(float, 0.05, lo=1e-6, hi=1.0, cite="eps of Eq. 5-6, Table 3")
     poll: int = flag(int, 8, lo=1, hi=4096, cite="delta_poll = 8, App. A.3")
+    regime_gate: bool = flag(bool, False, cite="the project's option: the gate aborts only "
+                             "while at most 6% reach it with no marker (App. A.4)")
 
 
 DUET_FIELDS = _fields(DuetFlags)

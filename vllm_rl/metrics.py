@@ -65,14 +65,47 @@ GAUGES: dict[str, str] = {
     "arrol_gate_open": ("ARRoL: 1 if the pruning gate was open for the last scored sample "
                         "(its calibration pushed: the record's p is set), 0 while the "
                         "trainer keeps it shut (cold start, or its test failed)."),
+    "duet_markerless_share": ("DUET: the share of the engine's last 1,024 DUET samples that "
+                              "reached the gate K2 + G with no marker, as the last ended "
+                              "sample's record saw it at admission (record "
+                              "markerless_share; the paper's regime: 1.2-6%, App. A.4)."),
+    "duet_gate_open": ("DUET: 1 if the last ended DUET sample's gate could abort, 0 if "
+                       "duet.regime_gate kept it (the marker-less share above 6%; record "
+                       "gate_open)."),
+}
+
+# name -> (help text, bucket upper bounds): the lengths of the samples that ended by
+# themselves or at the response limit, for the regime's quantiles (vllm-rl advise)
+LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+HISTOGRAMS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "sample_length": ("Tokens of the vllm_rl samples that ended by themselves or at the "
+                      "response limit (reason eos, stop or length; a continuation's "
+                      "whole sample).", LENGTH_BUCKETS),
 }
 
 _counters: dict[str, Any] | None = None
 _gauges: dict[str, Any] | None = None
+_histograms: dict[str, Any] | None = None
+
+
+def histograms() -> dict[str, Any]:
+    """The process's histograms, registered once on prometheus_client's default registry."""
+    global _histograms
+    if _histograms is None:
+        from prometheus_client import REGISTRY, Histogram
+
+        _histograms = {}
+        for name, (doc, buckets) in HISTOGRAMS.items():
+            full = NAMESPACE + name
+            existing = REGISTRY._names_to_collectors.get(full)
+            _histograms[name] = (existing if existing is not None
+                                 else Histogram(full, doc, buckets=buckets))
+    return _histograms
 
 
 def gauges() -> dict[str, Any]:
-    """The process's gauges, registered once on prometheus_client's default registry."""
+    """The process's gauges, registered once on prometheus_client's default registry, at
+    NaN until a record shows a value (0 would read as a measured share or AUC)."""
     global _gauges
     if _gauges is None:
         from prometheus_client import REGISTRY, Gauge
@@ -81,7 +114,10 @@ def gauges() -> dict[str, Any]:
         for name, doc in GAUGES.items():
             full = NAMESPACE + name
             existing = REGISTRY._names_to_collectors.get(full)
-            _gauges[name] = existing if existing is not None else Gauge(full, doc)
+            if existing is None:
+                existing = Gauge(full, doc)
+                existing.set(float("nan"))      # no record has shown a value yet
+            _gauges[name] = existing
     return _gauges
 
 
@@ -106,6 +142,7 @@ def counters() -> dict[str, Any]:
                         made[name].labels(reason=reason.value)
         _counters = made
         gauges()
+        histograms()
     return _counters
 
 
@@ -122,6 +159,12 @@ def observe(info: RolloutInfo, max_tokens: int | None) -> None:
         c["arrol_pruned"].inc()
     if info.eps_kept:
         c["duet_eps_kept"].inc()
+    if info.reason.natural:
+        histograms()["sample_length"].observe(info.length)
+    if info.gate_open is not None:
+        gauges()["duet_gate_open"].set(1.0 if info.gate_open else 0.0)
+        if info.markerless_share is not None:
+            gauges()["duet_markerless_share"].set(info.markerless_share)
     if info.score is not None:
         c["arrol_scored"].inc()
         gauges()["arrol_gate_open"].set(0.0 if info.p is None else 1.0)

@@ -56,6 +56,12 @@ class Reason(str, enum.Enum):
                             Reason.CARRIED)
 
     @property
+    def natural(self) -> bool:
+        """Ended by itself or at the response limit: its length is the model's own
+        (capped), the lengths a regime's quantiles read (:mod:`vllm_rl.regime`)."""
+        return self in (Reason.EOS, Reason.STOP, Reason.LENGTH)
+
+    @property
     def valid(self) -> bool:
         """The sample holds a complete answer (the model's end, or a fired marker)."""
         return self in (Reason.EOS, Reason.STOP, Reason.DUET_TRIMMED)
@@ -114,6 +120,10 @@ class RolloutInfo:
     keep_prob: float | None = None       # DUET: p_abort of Eq. 6 (eps after the gate, else 1)
     k1: int | None = None                # DUET: the thresholds this sample ran with
     k2: int | None = None
+    gate_open: bool | None = None        # DUET: its gate could abort (False: duet.regime_gate
+                                         # found the regime outside the paper's, eps = 1)
+    markerless_share: float | None = None  # DUET: the kind's share reaching K2 + G with no
+                                         # marker at its admission (None: too few samples)
     draft_proposed: int | None = None    # DAS: draft tokens this sample was verified on
     draft_accepted: int | None = None    # DAS: of which accepted by the model
     draft_rounds: int | None = None      # DAS: steps it was verified on at least one draft
@@ -155,6 +165,12 @@ class RolloutInfo:
         import numpy as np
 
         return replace(self, hidden=np.asarray(vector, dtype=np.float32).reshape(-1))
+
+    @property
+    def natural(self) -> bool:
+        """Ended by itself or at the response limit: its length is the model's own
+        (capped), the lengths a regime's quantiles read (:mod:`vllm_rl.regime`)."""
+        return self in (Reason.EOS, Reason.STOP, Reason.LENGTH)
 
     @property
     def valid(self) -> bool:

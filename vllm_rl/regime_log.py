@@ -21,7 +21,6 @@ from vllm_rl.duet.markers import BOXED_PATTERN
 from vllm_rl.outcome import Reason
 
 REQUIRED = ("group", "length", "truncated", "max_tokens")
-NATURAL = (Reason.EOS, Reason.STOP, Reason.LENGTH)     # ended by itself or at the limit
 
 
 class RecordsError(ValueError):
@@ -51,7 +50,7 @@ class RegimeLog:
             first_answer=first_answer_tokens(
                 [table[t] if t < len(table) else b"" for t in token_ids], self.marker),
             reward=reward, score=info.score, draft_proposed=info.draft_proposed,
-            draft_accepted=info.draft_accepted, ended_early=info.reason not in NATURAL)
+            draft_accepted=info.draft_accepted, ended_early=not info.reason.natural)
 
     def write(self, step: int, samples: Sequence[Sample]) -> None:
         append(self.path, step, samples, self.max_tokens)

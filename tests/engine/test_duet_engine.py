@@ -104,3 +104,27 @@ def test_duet_and_darts_in_one_request(rl_llm, prompts):
                 assert i.selected and i.selection == "eps_kept"
                 assert i.keep_prob == 0.3 and i.weight == pytest.approx(1 / 0.3)
     assert tail > 0
+
+
+def test_regime_gate_keeps_every_sample_once_the_share_is_above_the_papers(rl_llm, prompts):
+    """``duet.regime_gate``: once 256 samples of a marker kind have ended with more than 6%
+    reaching K2 + G with no marker (here all: the model never writes ``<answer>``), the
+    next round's requests that asked for it are kept whole at weight 1, their records
+    saying why; a request that did not ask keeps the paper's gate."""
+    from vllm_rl import metrics as rlm
+
+    duet = dict(marker="qa", k1=0, k2=6, grace=4, eps=0.2, regime_gate=True)
+    first = rl_llm.generate(prompts[:40], _sp(31, **duet), use_tqdm=False)   # 320 samples
+    assert any(c.rollout_info.reason is Reason.DUET_ABORTED for o in first for c in o.outputs)
+    outs = rl_llm.generate(prompts[40:44], _sp(32, **duet), use_tqdm=False)
+    for c in (c for o in outs for c in o.outputs):
+        info = c.rollout_info
+        assert info.gate_open is False and info.markerless_share > 0.06
+        assert info.reason in (Reason.EOS, Reason.LENGTH) and info.weight == 1.0
+        assert info.keep_prob == 1.0 and not info.eps_kept
+    assert rlm.snapshot()["vllm_rl:duet_gate_open"] == 0.0
+    paper = dict(duet, regime_gate=False)
+    outs = rl_llm.generate(prompts[44:48], _sp(33, **paper), use_tqdm=False)
+    infos = [c.rollout_info for o in outs for c in o.outputs]
+    assert all(i.gate_open for i in infos)
+    assert any(i.reason is Reason.DUET_ABORTED for i in infos)

@@ -41,6 +41,12 @@ def _expected(records: list[tuple[RolloutInfo, int]]) -> dict:
         if info.reason.early:
             add(f'vllm_rl:tokens_saved_estimated_total{{reason="{r}"}}',
                 max(0, max_tokens - info.length))
+        if info.reason.natural:                      # the natural-length histogram
+            add("vllm_rl:sample_length_count", 1)
+            add("vllm_rl:sample_length_sum", info.length)
+            for le in rlm.LENGTH_BUCKETS:
+                add(f'vllm_rl:sample_length_bucket{{le="{float(le)}"}}', info.length <= le)
+            add('vllm_rl:sample_length_bucket{le="+Inf"}', 1)
     return want
 
 
@@ -120,6 +126,22 @@ def test_head_auc_gauge_shows_the_last_calibrated_record():
         rlm.observe_output(flagged, FinishReason.STOP, None, info)
         assert rlm.snapshot()["vllm_rl:arrol_head_auc"] == auc
     assert RolloutInfo.decode(info.encode()).head_auc == 0.83
+
+
+def test_duet_gauges_follow_the_last_duet_record():
+    from vllm.v1.engine import FinishReason
+
+    flagged = SimpleNamespace(max_tokens_param=100, vllm_rl_flagged=True,
+                              detokenizer=SimpleNamespace(num_output_tokens=lambda: 7))
+    for open_, share in ((True, None), (False, 0.16), (True, 0.03)):
+        info = RolloutInfo(Reason.EOS, 40, 1.0, keep_prob=1.0, gate_open=open_,
+                           markerless_share=share)
+        rlm.observe_output(flagged, FinishReason.STOP, None, info)
+        snap = rlm.snapshot()
+        assert snap["vllm_rl:duet_gate_open"] == float(open_)
+        if share is not None:
+            assert snap["vllm_rl:duet_markerless_share"] == share
+    assert RolloutInfo.decode(info.encode()).markerless_share == 0.03
 
 
 def test_parse_and_total_read_a_metrics_page():
@@ -213,3 +235,18 @@ def test_server_metrics_equal_the_records(server, prompts):
     assert want["vllm_rl:draft_tokens_proposed_total"] > 0
     assert want["vllm_rl:duet_eps_kept_total"] > 0 and Reason.DUET_ABORTED in reasons
     assert total(after, "vllm:num_requests_running") == 0
+
+
+@pytest.mark.engine
+def test_advise_reads_the_live_servers_metrics(server, prompts, capsys):
+    """``vllm-rl advise --metrics`` on a live server that has served flagged requests."""
+    from vllm_rl.cli.advise import main
+
+    body = _body(prompts[30], n=4, vllm_xargs=rl_xargs(das={"problem_id": "advise-1"}))
+    assert call(server, "/v1/completions", body)[0] == 200
+    wait_idle(server)
+    main(["--metrics", server, "--json"])
+    data = json.loads(capsys.readouterr().out)
+    regime = data["regime"]
+    assert regime["samples"] >= 4 and regime["length_p50"] is not None
+    assert {v["technique"] for v in data["verdicts"]} == {"arrol", "duet", "das", "darts"}

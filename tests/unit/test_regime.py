@@ -182,3 +182,98 @@ def test_advise_on_each_kits_records(capsys, kit, duet, darts):
     main([str(log), "--json"])
     got = {v["technique"]: v["decision"] for v in json.loads(capsys.readouterr().out)["verdicts"]}
     assert got["duet"] == duet and got["darts"] == darts and got["das"] == "on"
+
+
+# ---------------------------------------------------------------- from a server's /metrics
+def _page(lengths, ended, gauges=None, drafts=(0, 0)):
+    """A /metrics page as the front end writes it: the natural-length histogram of
+    ``lengths``, samples_ended by reason, the gauges (NaN where unset)."""
+    from vllm_rl.metrics import GAUGES, LENGTH_BUCKETS
+
+    lines = ["# TYPE vllm_rl:sample_length histogram"]
+    for le in LENGTH_BUCKETS + (float("inf"),):
+        n = sum(1 for x in lengths if x <= le)
+        lines.append(f'vllm_rl:sample_length_bucket{{le="{"+Inf" if le == float("inf") else float(le)}"}} {n}')
+    lines += [f"vllm_rl:sample_length_count {len(lengths)}",
+              f"vllm_rl:sample_length_sum {sum(lengths)}",
+              "# TYPE vllm_rl:samples_ended counter"]
+    lines += [f'vllm_rl:samples_ended_total{{reason="{r}"}} {n}' for r, n in ended.items()]
+    lines += ["# TYPE vllm_rl:draft_tokens_proposed counter",
+              f"vllm_rl:draft_tokens_proposed_total {drafts[0]}",
+              "# TYPE vllm_rl:draft_tokens_accepted counter",
+              f"vllm_rl:draft_tokens_accepted_total {drafts[1]}"]
+    for name in GAUGES:
+        value = (gauges or {}).get(name, float("nan"))
+        lines += [f"# TYPE vllm_rl:{name} gauge", f"vllm_rl:{name} {value}"]
+    return "\n".join(lines) + "\n"
+
+
+def _served(page):
+    from vllm_rl.metrics import parse
+    from vllm_rl.served_regime import ServedRegime
+
+    return ServedRegime.of(parse(page))
+
+
+def test_served_regime_reads_buckets_shares_and_unset_gauges():
+    lengths = [50] * 90 + [300] * 6 + [1024] * 4
+    s = _served(_page(lengths, {"eos": 96, "length": 4, "duet_aborted": 7},
+                      {"duet_markerless_share": 0.023, "duet_gate_open": 1.0}, (100, 80)))
+    assert s.samples == 100 and s.ended_early == 7
+    assert s.length_mean == sum(lengths) / 100
+    assert s.length_p50 == (32, 64) and s.length_p99 == (512, 1024)
+    assert s.truncated == 0.04 and s.markerless_at_gate == 0.023 and s.duet_gate_open
+    assert s.head_auc_within is None and s.arrol_gate_open is None      # NaN: never shown
+    assert s.draft_acceptance == 0.8 and s.draft_tokens == 100
+    got = {v.technique: v.decision for v in advice.served(s)}
+    assert got == {"duet": "on", "darts": "off", "das": "on", "arrol": "no evidence"}
+
+
+def test_served_darts_decides_only_where_the_buckets_leave_no_doubt():
+    def darts(lengths, cut=0):
+        page = _page(lengths, {"eos": len(lengths) - cut, "length": cut})
+        return advice.served(_served(page))[3]
+
+    assert darts([40] * 98 + [1000] * 2).decision == advice.ON    # p99/p50 >= 512/64
+    assert darts([40] * 100).decision == advice.OFF               # p99/p50 <= 64/32
+    assert darts([40] * 98 + [150] * 2).decision == advice.NO_EVIDENCE   # 2x to 8x
+    assert darts([40] * 90 + [256] * 10, cut=10).decision == advice.ON   # 10% at the limit
+    empty = advice.served(_served(_page([], {})))
+    assert {v.decision for v in empty if v.technique != "das"} == {advice.NO_EVIDENCE}
+
+
+def test_advise_reads_a_saved_metrics_page(tmp_path, capsys):
+    from vllm_rl.cli.advise import main
+
+    path = tmp_path / "metrics.txt"
+    path.write_text(_page([50] * 100, {"eos": 100},
+                          {"duet_markerless_share": 0.16, "duet_gate_open": 0.0,
+                           "arrol_head_auc": 0.58, "arrol_gate_open": 0.0}))
+    main(["--metrics", str(path)])
+    out = capsys.readouterr().out
+    assert "16.0% (gate shut)" in out and "| duet | off |" in out and "| arrol | off |" in out
+    main(["--metrics", str(path), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["regime"]["length_p50"] == [32.0, 64.0]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "one of them"),
+    (["log.jsonl", "--metrics", "x"], "one of them"),
+    (["--metrics", "/nonexistent/metrics.txt"], "cannot read /metrics"),
+    (["--metrics", "http://127.0.0.1:9/metrics"], "cannot read /metrics"),
+    (["--metrics", "PAGE"], "no vllm_rl: series"),
+    (["--metrics", "BAD"], "cannot read /metrics"),
+])
+def test_advise_says_what_is_wrong_with_metrics(tmp_path, capsys, args, message):
+    from vllm_rl.cli.advise import main
+
+    (tmp_path / "page").write_text("# TYPE vllm:x counter\nvllm:x_total 1.0\n")
+    (tmp_path / "bad").write_text("vllm_rl:x{ 1 2 3\n")
+    args = [str(tmp_path / "page") if a == "PAGE" else str(tmp_path / "bad") if a == "BAD"
+            else a for a in args]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

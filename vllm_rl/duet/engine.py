@@ -15,7 +15,8 @@ it at four points; everything DUET knows lives here:
   natural-length window, as an event or right-censored, with inverse-propensity weights
   (1/eps for a coin's survivor, 1/p for one that survived ARRoL's coin);
 * :meth:`DuetEngine.leave` (per sample, when vLLM frees it): a round ends when no DUET
-  sample of a kind is left (the App. A.3 refit cadence counts rounds).
+  sample of a kind is left (the App. A.3 refit cadence counts rounds, and the regime
+  gate decides then: :mod:`vllm_rl.duet.regime_gate`).
 
 :meth:`DuetEngine.weight` and :meth:`DuetEngine.fields` are DUET's part of a sample's
 record (Eq. 6: weight 1/eps after the coin, 0 if aborted).
@@ -29,6 +30,7 @@ from typing import Any, Callable
 
 from vllm_rl.duet import markers
 from vllm_rl.duet import rule
+from vllm_rl.duet.regime_gate import MarkerlessShare
 from vllm_rl.duet.rule import Action, DuetState, OnlineThresholds
 from vllm_rl.duet.vocab import token_bytes
 from vllm_rl.flags import DuetFlags
@@ -51,6 +53,7 @@ class DuetEngine:
         self._vocab_size = vocab_size
         self._table: list[bytes] | None = None
         self.thresholds: dict[str, OnlineThresholds] = {}
+        self.regimes: dict[str, MarkerlessShare] = {}
         self.live: dict[str, int] = {}
 
     @property
@@ -69,6 +72,8 @@ class DuetEngine:
         gate count the whole sample (the scheduler passes whole-sample token counts)."""
         kind = kind_of(flags)
         online = self.thresholds.setdefault(kind, OnlineThresholds())
+        regime = self.regimes.setdefault(kind, MarkerlessShare())
+        gate_open = regime.open or not flags.regime_gate
         cold_k1, cold_k2 = online.thresholds(max_tokens)
         fence = "```"
         table = self.table
@@ -82,7 +87,9 @@ class DuetEngine:
             flags=flags, detector=detector,
             k1=cold_k1 if flags.k1 is None else flags.k1,
             k2=cold_k2 if flags.k2 is None else flags.k2,
-            coin=rule.seeded_coin(seed, prompt_token_ids, request_id), prior_fired=fired)
+            coin=rule.seeded_coin(seed, prompt_token_ids, request_id), prior_fired=fired,
+            eps=-1.0 if gate_open else 1.0, gate_open=gate_open,
+            markerless_share=regime.share)
 
     def step(self, state: DuetState, num_tokens: int, tokens) -> Reason | None:
         """The sample's DUET end after this step, if any (trimmed at its marker, or
@@ -99,7 +106,9 @@ class DuetEngine:
         marker) ended it, right-censored if something cut it short; a coin's survivor
         weighted by its inverse propensity (1/eps, and 1/p where ARRoL's coin let it
         through: ``arrol_p``), a coin's casualty left out (ARRoL-pruned, or aborted by
-        DUET's own coin)."""
+        DUET's own coin).  Every end, casualties too, adds its bit to the kind's
+        marker-less share (:mod:`vllm_rl.duet.regime_gate`)."""
+        self.regimes[kind_of(state.flags)].observe(state.keep_decided)
         if reason is Reason.ARROL_PRUNED or (reason is Reason.DUET_ABORTED and state.eps > 0):
             return
         weight = 1.0 / state.keep_prob
@@ -113,6 +122,7 @@ class DuetEngine:
         self.live[kind] -= 1
         if self.live[kind] == 0:
             self.thresholds[kind].end_round()
+            self.regimes[kind].end_round()
 
     # ------------------------------------------------------------------ the record
     @staticmethod
@@ -131,7 +141,8 @@ class DuetEngine:
     @staticmethod
     def fields(state: DuetState) -> dict:
         return {"marker_pos": state.marker_pos, "keep_prob": state.keep_prob,
-                "k1": state.k1, "k2": state.k2}
+                "k1": state.k1, "k2": state.k2, "gate_open": state.gate_open,
+                "markerless_share": state.markerless_share}
 
 
 __all__ = ["DuetEngine", "REASONS", "kind_of"]

@@ -67,6 +67,8 @@ class DuetState:
     next_check: int = 0               # tokens at which step() next has something to do
     prior_fired: bool = False         # a continuation whose earlier tokens hold the marker
                                       # (not polled before its step ended): its next poll fires
+    gate_open: bool = True            # the regime gate left the abort on (regime_gate.py)
+    markerless_share: float | None = None   # the share that stood at its admission
 
     def __post_init__(self) -> None:
         if self.eps < 0:
