@@ -145,7 +145,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model", default=None)
     ap.add_argument("--prompts", type=int, default=64, help="held-out prompts (groups)")
     ap.add_argument("--n", type=int, default=16, help="samples per prompt")
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="(default: the kit's limit, 256 or 1,024)")
+    from vllm_rl.task.kits import add_argument as add_task_argument
+
+    add_task_argument(ap)
     ap.add_argument("--kappa", type=float, default=0.5)
     ap.add_argument("--rho", type=float, default=0.5)
     ap.add_argument("--draws", type=int, default=200, help="coin draws per AUC")
@@ -161,13 +165,16 @@ def main(argv: list[str] | None = None) -> dict:
     from tqdm import tqdm
     from vllm import LLM, SamplingParams
 
-    from vllm_rl.task import MODEL_PATH, heldout_prompts, reward
+    from vllm_rl.task import kit, reward
 
-    model = args.model or str(MODEL_PATH)
-    prompts = heldout_prompts(args.prompts)
+    task = kit(args.task)
+    args.max_tokens = args.max_tokens or task.max_tokens
+    model = args.model or str(task.model_path)
+    prompts = task.heldout_prompts(args.prompts)
     print(f"rollouts: {args.prompts} held-out prompts x {args.n}, max_tokens "
           f"{args.max_tokens}, on {model} (stock vLLM: no flags needed)", flush=True)
-    llm = LLM(model, seed=args.seed, max_model_len=1024, kv_cache_memory_bytes=2 << 30,
+    llm = LLM(model, seed=args.seed, max_model_len=max(1024, task.max_model_len),
+              kv_cache_memory_bytes=2 << 30,
               use_tqdm_on_load=False)
     outs = llm.generate(prompts, [SamplingParams(n=args.n, temperature=1.0,
                                                  max_tokens=args.max_tokens,
@@ -187,7 +194,9 @@ def main(argv: list[str] | None = None) -> dict:
           "E[ρ̂(1−ρ̂)] ARRoL | stock | kept |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['auc']:.2f} | {r['within_group_auc']:.3f} | {r['arrol_distance']:.4f} | "
+        realised = ("–" if r["within_group_auc"] is None else   # no group mixes outcomes
+                    f"{r['within_group_auc']:.3f}")
+        print(f"| {r['auc']:.2f} | {realised} | {r['arrol_distance']:.4f} | "
               f"{r['stock_distance']:.4f} | {r['gain']:+.4f} ({r['gain_lo']:+.4f} to "
               f"{r['gain_hi']:+.4f}) | {r['arrol_var']:.4f} | {r['stock_var']:.4f} | "
               f"{r['kept_share']:.3f} |")

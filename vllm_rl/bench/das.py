@@ -60,7 +60,7 @@ from pathlib import Path
 K = 8     # draft tokens per verification, every drafter
 
 
-def engines(names: list[str], model: str, seed: int) -> dict:
+def engines(names: list[str], model: str, seed: int, max_model_len: int = 1024) -> dict:
     """One engine per configuration (skipping ``suffix`` without Arctic Inference)."""
     import vllm
 
@@ -68,7 +68,7 @@ def engines(names: list[str], model: str, seed: int) -> dict:
     from vllm_rl.engine.trace import CONFIG_KEY, TRACED_SCHEDULER_CLS, TRACED_SYNC_SCHEDULER_CLS
     from vllm_rl.llm import CPU_KV_CACHE_BYTES
 
-    common = dict(seed=seed, max_model_len=1024, use_tqdm_on_load=False)
+    common = dict(seed=seed, max_model_len=max_model_len, use_tqdm_on_load=False)
     stock = dict(kv_cache_memory_bytes=CPU_KV_CACHE_BYTES, additional_config={CONFIG_KEY: True},
                  **common)
     sync = dict(async_scheduling=False, scheduler_cls=TRACED_SYNC_SCHEDULER_CLS, **stock)
@@ -236,8 +236,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--m", type=int, default=8, help="samples per prompt")
     ap.add_argument("--epochs", type=int, default=3,
                     help="epochs over the prompts; the first fills the trees (default 3)")
-    ap.add_argument("--max-tokens", type=int, default=256, help="(default 256)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="(default: the kit's limit, 256 or 1,024)")
     ap.add_argument("--seed", type=int, default=0)
+    from vllm_rl.task.kits import add_argument as add_task_argument
+
+    add_task_argument(ap)
     ap.add_argument("--configs", default=",".join(ALL),
                     help=f"comma-separated, among {', '.join(ALL)} (default all)")
     ap.add_argument("--cost", default="h100:qwen3-8b",
@@ -255,19 +259,21 @@ def main(argv: list[str] | None = None) -> None:
     import vllm
     from tqdm import tqdm
 
-    from vllm_rl.task import MODEL_PATH, heldout_prompts
+    from vllm_rl.task import kit
 
+    task = kit(args.task)
+    args.max_tokens = args.max_tokens or task.max_tokens
     names = args.configs.split(",")
     unknown = set(names) - set(ALL)
     if unknown:
         ap.error(f"unknown configuration(s) {sorted(unknown)}; choose from {ALL}")
-    model = args.model or str(MODEL_PATH)
+    model = args.model or str(task.model_path)
     from vllm_rl.cost import load_cost
 
     cost = load_cost(args.cost)
-    llms = engines(names, model, args.seed)
+    llms = engines(names, model, args.seed, max(1024, task.max_model_len))
     names = [n for n in names if n in llms]
-    prompts = heldout_prompts(args.prompts)
+    prompts = task.heldout_prompts(args.prompts)
     for llm in llms.values():            # warm-up outside the timings (no DAS trees touched)
         llm.generate(prompts[:4], vllm.SamplingParams(n=2, max_tokens=16), use_tqdm=False)
     runs = []

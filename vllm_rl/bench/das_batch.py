@@ -60,17 +60,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3,
                     help="interleaved repeats per size; medians reported (default 3)")
     ap.add_argument("--max-tokens", type=int, default=128, help="(default 128)")
+    from vllm_rl.task.kits import add_argument as add_task_argument
+
+    add_task_argument(ap)
     ap.add_argument("--out", default="bench-results/das_batch.json", help="the JSON file")
     args = ap.parse_args(argv)
 
     from vllm import SamplingParams
 
     from vllm_rl import LLM, rl_params
-    from vllm_rl.task import MODEL_PATH, heldout_prompts
+    from vllm_rl.task import kit
 
-    llm = LLM(MODEL_PATH, max_model_len=512, das={"full_batch": 1 << 20, "off_batch": 1 << 20},
-              use_tqdm_on_load=False)
-    prompts = heldout_prompts(64)
+    task = kit(args.task)
+    llm = LLM(task.model_path, max_model_len=task.max_model_len,
+              das={"full_batch": 1 << 20, "off_batch": 1 << 20}, use_tqdm_on_load=False)
+    prompts = task.heldout_prompts(64)
     extra = [rl_params(das={"problem_id": f"b{i}", "policy": "fixed"}) for i in range(64)]
     llm.generate(prompts, [SamplingParams(n=8, temperature=1.0, max_tokens=args.max_tokens,
                                           seed=99, extra_args=e) for e in extra], use_tqdm=False)

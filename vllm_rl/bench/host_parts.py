@@ -287,6 +287,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--m", type=int, default=8, help="samples per prompt (default 8)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    from vllm_rl.task.kits import add_argument as add_task_argument
+
+    add_task_argument(ap)
     ap.add_argument("--cost", default="h100:qwen3-8b",
                     help="the step-cost table the forward passes are priced on, and the DAS "
                          "engine plans with")
@@ -310,12 +313,14 @@ def main(argv: list[str] | None = None) -> dict:
     from vllm_rl.bench.step.run import drive as _drive
     from vllm_rl.cost import load_cost
     from vllm_rl.engine.trace import engine_trace
-    from vllm_rl.task import MODEL_PATH, heldout_prompts
+    from vllm_rl.task import kit
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     vllm_log_to(out_dir / "vllm.log")
-    prompts, cost = heldout_prompts(args.prompts), load_cost(args.cost)
+    task = kit(args.task)
+    model, context = str(task.model_path), max(1024, task.max_model_len)
+    prompts, cost = task.heldout_prompts(args.prompts), load_cost(args.cost)
     full = GPU_LIMITS["max_num_seqs"]
     kv = int(args.kv_gib * (1 << 30))
 
@@ -360,8 +365,8 @@ def main(argv: list[str] | None = None) -> dict:
         if name not in ENGINES:
             raise SystemExit(f"host-parts: unknown engine {name!r}; choose from {ENGINES}")
         print(f"[host-parts] {name}: engine, untimed step(s), timed step", flush=True)
-        llm = (stock_engine(str(MODEL_PATH), args.seed, True, kv) if name == "stock" else
-               rl_engine(str(MODEL_PATH), args.seed, True, kv, cost=args.cost))
+        llm = (stock_engine(model, args.seed, True, kv, context) if name == "stock" else
+               rl_engine(model, args.seed, True, kv, context, cost=args.cost))
         timers = Timers()
         try:
             trace, mark, groups = timed_step(name, llm, timers)

@@ -65,7 +65,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--group-as", choices=("n", "single"), default="n",
                     help="a group is one request with n = M (default), or M single requests "
                          "sharing a group id")
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="(default: the kit's limit, 256 or 1,024)")
+    from vllm_rl.task.kits import add_argument as add_task_argument
+
+    add_task_argument(ap)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0, help="sampling seed base (per sample)")
     ap.add_argument("--techniques", default="",
@@ -368,15 +372,18 @@ def _prompts(args) -> list[str]:
     if args.prompt_file:
         lines = [x.rstrip("\n") for x in open(args.prompt_file) if x.strip()]
         return (lines * (args.prompts // max(1, len(lines)) + 1))[:args.prompts]
-    from vllm_rl.task import heldout_prompts
+    from vllm_rl.task import kit
 
-    return heldout_prompts(args.prompts)
+    return kit(args.task).heldout_prompts(args.prompts)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     from tqdm import tqdm
 
+    from vllm_rl.task import kit
+
+    args.max_tokens = args.max_tokens or kit(args.task).max_tokens
     urls = [u.rstrip("/") for u in args.base_url]
     labels = args.labels.split(",") if args.labels else [u.split("//")[-1] for u in urls]
     if len(labels) != len(urls):

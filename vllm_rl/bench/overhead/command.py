@@ -69,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-model-len", type=int, default=None,
                     help="default: host 1024, throughput 512")
     ap.add_argument("--seed", type=int, default=11)
+    from vllm_rl.task.kits import add_argument as add_task_argument
+
+    add_task_argument(ap)
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS of each engine (0: torch's default). With one "
                          "compute thread the CPU time is the work done, not spin-waits")

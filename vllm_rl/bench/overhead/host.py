@@ -82,9 +82,9 @@ def drive(llm, workload: str, live: int, args: dict, tag: str) -> dict[str, Any]
     from vllm.sampling_params import RequestOutputKind
 
     from vllm_rl.engine.trace import engine_scheduler, engine_trace
-    from vllm_rl.task import heldout_prompts
+    from vllm_rl.task import kit
 
-    prompts = heldout_prompts(max(1, live // args["n"]))
+    prompts = kit(args["task"]).heldout_prompts(max(1, live // args["n"]))
     params = workload_params(workload, prompts, args)
     trace, sched = engine_trace(llm), engine_scheduler(llm)
     scored0 = _scored(llm) if args["role"] == "rl" else None
@@ -130,9 +130,9 @@ def _worker(role: str, conn, args: dict) -> None:
     from vllm_rl.bench.logs import vllm_log_to
 
     vllm_log_to(Path(args["out"]) / f"overhead-vllm-host-{role}.log", announce=False)
-    from vllm_rl.task import MODEL_PATH
+    from vllm_rl.task import kit
 
-    model = args["model"] or str(MODEL_PATH)
+    model = args["model"] or str(kit(args["task"]).model_path)
     kv = int(args["kv_gib"] * (1 << 30))
     if role == "rl":
         from vllm_rl.bench.engines import rl_engine
@@ -261,7 +261,8 @@ def run(args) -> dict:
     wargs = {"n": args.n, "max_tokens": args.max_tokens, "min_tokens": args.min_tokens,
              "l_detect": args.l_detect, "seed": args.seed, "out": args.out,
              "threads": args.threads, "model": args.model, "kv_gib": args.kv_gib,
-             "max_model_len": args.max_model_len, "cost": args.cost, "asynchronous": None}
+             "max_model_len": args.max_model_len, "cost": args.cost, "asynchronous": None,
+             "task": args.task}
     ctx = mp.get_context("spawn")
     engines: dict[str, Any] = {}
     runs: list[dict] = []

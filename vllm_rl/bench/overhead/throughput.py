@@ -65,26 +65,27 @@ def _worker(role: str, engine: str, conn, args: dict) -> None:
     from vllm import SamplingParams
 
     from vllm_rl.llm import CPU_KV_CACHE_BYTES
-    from vllm_rl.task import MODEL_PATH, heldout_prompts
+    from vllm_rl.task import kit
 
+    task = kit(args["task"])
     common = dict(seed=0, max_model_len=args["max_model_len"], async_scheduling=True,
                   use_tqdm_on_load=False)
     if scheduler is None or not scheduler.startswith("rl"):
-        llm = vllm.LLM(str(MODEL_PATH), kv_cache_memory_bytes=CPU_KV_CACHE_BYTES,
+        llm = vllm.LLM(str(task.model_path), kv_cache_memory_bytes=CPU_KV_CACHE_BYTES,
                        scheduler_cls=scheduler, **common)
     else:
         from vllm_rl import LLM
 
         if ":" in scheduler:
             common["scheduler_cls"] = scheduler.split(":", 1)[1]
-        llm = LLM(MODEL_PATH, **common)
+        llm = LLM(task.model_path, **common)
     from vllm_rl.patches import applied
     from vllm_rl.patches.input_processor import FlagsAdmission
 
     patched = applied(FlagsAdmission)
     sched_cls = llm.llm_engine.vllm_config.scheduler_config.get_scheduler_cls()
     sched = f"{sched_cls.__module__}.{sched_cls.__qualname__}"
-    prompts = heldout_prompts(args["prompts"])
+    prompts = task.heldout_prompts(args["prompts"])
     sp = SamplingParams(n=args["n"], temperature=1.0, max_tokens=args["max_tokens"],
                         seed=args["seed"])
     conn.send({"engine": engine, "patched": patched, "scheduler": sched})
@@ -152,7 +153,7 @@ def run(args) -> dict:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     wargs = {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
              "max_model_len": args.max_model_len, "seed": args.seed, "out": args.out,
-             "threads": args.threads}
+             "threads": args.threads, "task": args.task}
     ctx = mp.get_context("spawn")
     workers = {}
     for role, engine in (("stock", args.baseline), ("rl", args.candidate)):
