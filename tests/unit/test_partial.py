@@ -131,6 +131,20 @@ def test_continuation_request_covers_the_whole_sample():
     assert p.group_ended == ((6, True), (9, False))
 
 
+@pytest.mark.parametrize("gate_open, regime_gate", [(True, False), (False, True),
+                                                     (None, True)])
+def test_a_continuation_keeps_the_gate_its_part_ran_with(gate_open, regime_gate):
+    """A part whose gate was open met (or would meet) its coin at eps: its continuation
+    keeps the paper's gate, so the same coin meets the same eps (survival eps, weight
+    1/eps).  Where the regime gate had it shut (eps = 1) any later eps is still exact."""
+    g = CarriedGroup("q", [7], {"duet": {"eps": 0.05, "regime_gate": True}}, "g", 1, 1,
+                     start_step=0)
+    part = Part([3], [0.0], _info(Reason.CARRIED, 1, k1=8, k2=20, gate_open=gate_open),
+                seed=40)
+    _, flags, _, _ = continuation(g, part, 1, {"step": 1}, 16)
+    assert flags["duet"]["regime_gate"] is regime_gate and flags["duet"]["eps"] == 0.05
+
+
 def test_buffer_drops_past_the_cap_and_gone_prompts_with_a_record():
     buf = CarryBuffer()
     for name, start in (("a", 0), ("b", 2), ("c", 2)):

@@ -21,7 +21,11 @@ the gate with eps = 1: kept to its natural end at weight 1, no abort and no trim
 the gate (as a coin that always keeps).  Every other request is the paper's: its gate
 is open whatever the share.  The decision reads only samples that already ended, never
 the one it applies to, so eps stays a fixed propensity for each sample and Eq. 6's
-estimator stays unbiased.  Each DUET record carries the share that stood at its
+estimator stays unbiased.  A carried sample's continuation (partial rollouts) meets the
+same coin again: one whose part ran with its gate open is sent with ``regime_gate``
+false (:func:`vllm_rl.integrations.common.partial.continuation`), so the coin meets the
+same eps; one whose part ran shut (eps = 1) may meet any eps after, its survival then
+the later eps.  Each DUET record carries the share that stood at its
 admission and whether its gate was open (``markerless_share``, ``gate_open``), and
 ``/metrics`` the last of them.
 """

@@ -231,14 +231,19 @@ def continuation(group: CarriedGroup, part: Part, step: int, rule: dict[str, Any
                  max_tokens: int) -> tuple[list[int], dict[str, Any], int, int]:
     """A carried sample sent again at ``step``: its prompt ids (the original prompt and
     the tokens so far), its ``vllm_rl`` flags (the group's, DUET's thresholds fixed to
-    the ones it ran with, the step's rule, and the continuation's fields), its
+    the ones it ran with and its gate kept open where it ran open: the same coin then
+    meets the same eps, whatever ``duet.regime_gate`` now decides; the step's rule, and
+    the continuation's fields), its
     ``max_tokens`` (what is left) and its seed (the original one moved on by the tokens
     so far: the tokens still to come are drawn afresh; the coins use the original)."""
     flags = copy.deepcopy(group.flags) or {}
     flags["group"] = {"id": group.group_id, "size": group.size, "redundant": group.redundant}
     info = part.info
-    if flags.get("duet") is not None and info.k1 is not None:
-        flags["duet"] = dict(flags["duet"] or {}, k1=info.k1, k2=info.k2)
+    if flags.get("duet") is not None:
+        fixed: dict[str, Any] = {} if info.k1 is None else {"k1": info.k1, "k2": info.k2}
+        if info.gate_open:          # the part met (or could meet) the coin at eps: the
+            fixed["regime_gate"] = False   # sample keeps it, so Eq. 6's 1/eps stays exact
+        flags["duet"] = dict(flags["duet"] or {}, **fixed)
     flags.pop("arrol", None)                  # scored once, in the part that reached it
     n = len(part.token_ids)
     flags["partial"] = dict(
