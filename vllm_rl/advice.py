@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_rl.duet.regime_gate import MARKERLESS_MAX
+from vllm_rl.duet.regime_gate import in_regime
 from vllm_rl.regime import Regime
 from vllm_rl.served_regime import ServedRegime
 
@@ -78,10 +78,6 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _duet_pays(markerless: float) -> bool:
-    return markerless <= MARKERLESS_MAX
-
-
 def _darts_pays(truncated: float, tail: float, cut: bool) -> bool:
     return truncated >= DARTS_TRUNCATED_MIN if cut else tail >= DARTS_TAIL_MIN
 
@@ -93,7 +89,7 @@ def _at_gate(share: float, gate: int | None) -> str:
 
 def duet(r: Regime) -> Verdict:
     at_gate = _at_gate(r.markerless_at_gate, r.gate)
-    if not _duet_pays(r.markerless_at_gate):
+    if not in_regime(r.markerless_at_gate):
         return _verdict("duet", OFF, f"{at_gate}, above the paper's 6% (App. A.4): its 1/eps "
                        "samples would carry a large share of each step")
     trim = (f"the trim removes the {_pct(r.share_after_first_answer)} of tokens written "
@@ -167,7 +163,7 @@ def _served_duet(s: ServedRegime) -> Verdict:
                        "duet flags, or read a regime log")
     at_gate = _at_gate(s.markerless_at_gate, None)
     shut = "" if s.duet_gate_open in (None, True) else "; duet.regime_gate has it shut"
-    if not _duet_pays(s.markerless_at_gate):
+    if not in_regime(s.markerless_at_gate):
         return _verdict("duet", OFF, f"{at_gate}, above the paper's 6% (App. A.4){shut}")
     return _verdict("duet", ON, f"{at_gate}, within the paper's 1.2-6% (App. A.4); the "
                    "tokens after the answer are not on /metrics (a regime log has them)")

@@ -37,6 +37,11 @@ from dataclasses import dataclass, field
 MARKERLESS_MAX = 0.06   # DUET App. A.4: the realised marker-less rate 0.012-0.06
 
 
+def in_regime(share: float) -> bool:
+    """The paper's regime: at most :data:`MARKERLESS_MAX` reach the gate with no marker."""
+    return share <= MARKERLESS_MAX
+
+
 @dataclass
 class MarkerlessShare:
     """The share of one marker kind's ended DUET samples that reached ``K2 + G`` with no
@@ -60,7 +65,7 @@ class MarkerlessShare:
         """Decide for the next round (open iff the share is at most the paper's 6%)."""
         if len(self.bits) >= self.min_samples:
             self.share = self.count / len(self.bits)
-            self.open = self.share <= MARKERLESS_MAX
+            self.open = in_regime(self.share)
 
 
-__all__ = ["MARKERLESS_MAX", "MarkerlessShare"]
+__all__ = ["MARKERLESS_MAX", "MarkerlessShare", "in_regime"]
