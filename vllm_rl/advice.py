@@ -10,12 +10,11 @@ records cannot say).  The thresholds are declared here once, each with its sourc
   samples carry a large part of a step's weight (``docs/benchmarks.md``, "Time to
   accuracy": 16% on the first kit, -0.021 at equal time).  With no tokens after the
   first answer the trim saves nothing.
-* **DARTS** (Sec. 3.2.1, 4.3.1): its extra samples pay where a step waits for its tail:
-  a tail "often exceeding the median length by 5-10x" (Sec. 1, :data:`DARTS_TAIL_MIN`),
-  or, where the response limit cuts the tail (p99 at the limit: the ratio says only how
-  far the limit is), a share of samples that run into it (:data:`DARTS_TRUNCATED_MIN`,
-  the ~5% of prompts DARTS's tail pruning triggers for, Sec. 4.3.1).  DARTS's own ρ
-  (App. B) sets how many extra samples, not whether: it is 0.80-0.85 on both kits.
+* **DARTS** (Sec. 3.2.1, 4.3.1): its extra samples pay where a step waits for its tail
+  (:func:`vllm_rl.darts.regime_gate.in_regime`, the test its planner's ``regime_gate``
+  reads too: a tail 5-10x the median, Sec. 1, or where the limit cuts the tail, ~5% of
+  samples at it, Sec. 4.3.1).  DARTS's own ρ (App. B) sets how many extra samples, not
+  whether: it is 0.80-0.85 on both kits.
 * **ARRoL** (Sec. 4.2, App. A.4): pruning steers only where the head ranks samples within
   their groups; the project's floor is :data:`vllm_rl.arrol.controller.AUC_GATE` (the
   engine's own steering gate decides step by step).
@@ -31,12 +30,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_rl.darts import regime_gate as darts_regime
 from vllm_rl.duet.regime_gate import in_regime
 from vllm_rl.regime import Regime
 from vllm_rl.served_regime import ServedRegime
 
-DARTS_TAIL_MIN = 5.0         # DARTS Sec. 1: the tail 5-10x the median length
-DARTS_TRUNCATED_MIN = 0.05   # DARTS Sec. 4.3.1: tail pruning triggers for ~5% of prompts
 
 ON, OFF, NO_EVIDENCE = "on", "off", "no evidence"
 
@@ -78,10 +76,6 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _darts_pays(truncated: float, tail: float, cut: bool) -> bool:
-    return truncated >= DARTS_TRUNCATED_MIN if cut else tail >= DARTS_TAIL_MIN
-
-
 def _at_gate(share: float, gate: int | None) -> str:
     where = "the gate K2 + G" + ("" if gate is None else f" = {gate}")
     return f"{_pct(share)} of samples reach {where} with no marker"
@@ -101,7 +95,7 @@ def duet(r: Regime) -> Verdict:
 def darts(r: Regime) -> Verdict:
     tail = r.length_p99 / max(r.length_p50, 1.0)
     cut = r.length_p99 >= r.max_tokens
-    long_tail = _darts_pays(r.truncated, tail, cut)
+    long_tail = darts_regime.in_regime(r.truncated, tail, cut)
     ratio = (f"length p99/p50 {tail:.1f}x, p99 at the limit" if cut else
              f"length p99/p50 {tail:.1f}x (DARTS Sec. 1: 5-10x)")
     return _verdict(
@@ -173,18 +167,18 @@ def _served_darts(s: ServedRegime) -> Verdict:
     if s.truncated is None or s.length_p50 is None or s.length_p99 is None:
         return _verdict("darts", NO_EVIDENCE, "no flagged sample has ended by itself or at "
                        "the limit on this server")
-    cut = s.truncated >= 0.01                  # p99 at the limit: 1% or more end there
+    cut = s.truncated >= darts_regime.CUT_SHARE     # p99 at the limit
     (lo50, hi50), (lo99, hi99) = s.length_p50, s.length_p99
     least, most = lo99 / max(hi50, 1.0), hi99 / max(lo50, 1.0)
     said = f"{_pct(s.truncated)} cut by the limit (~5%: Sec. 4.3.1)"
     if cut:
-        on = _darts_pays(s.truncated, 0.0, True)
+        on = darts_regime.in_regime(s.truncated, 0.0, True)
         return _verdict("darts", ON if on else OFF, f"p99 at the limit; {said}: " + (
             "the step waits for its tail" if on else "too few run into the limit"))
     ratio = f"length p99/p50 between {least:.1f}x and {most:.1f}x (DARTS Sec. 1: 5-10x)"
-    if _darts_pays(s.truncated, least, False):
+    if darts_regime.in_regime(s.truncated, least, False):
         return _verdict("darts", ON, f"{ratio}; {said}: the step waits for its tail")
-    if not _darts_pays(s.truncated, most, False):
+    if not darts_regime.in_regime(s.truncated, most, False):
         return _verdict("darts", OFF, f"{ratio}; {said}: the tail is too short for the "
                        "extra samples to pay")
     return _verdict("darts", NO_EVIDENCE, f"{ratio}: the histogram's buckets straddle "

@@ -277,3 +277,32 @@ def test_advise_says_what_is_wrong_with_metrics(tmp_path, capsys, args, message)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ DARTS's regime gate
+def test_darts_planner_regime_gate_turns_darts_off_outside_its_regime():
+    from vllm_rl.darts.controller import DartsPlanner
+
+    planner = DartsPlanner(8, budget=1.5, max_tokens=256, regime_gate=True)
+    ids = [f"p{i}" for i in range(8)]
+    assert planner.plan(ids)[0].n > 8                     # no lengths yet: the paper's
+    assert planner.metrics["darts/regime_gate_open"] == 1.0
+    planner.observe({p: [40 + i for i in range(8)] for p in ids})   # short, no tail
+    plans = planner.plan(ids)
+    assert all(p.off for p in plans) and planner.metrics["darts/regime_gate_open"] == 0.0
+    assert planner.metrics["darts/regime_tail"] < 5 and planner.last_budget == 1.0
+    planner.observe({p: [40] * 6 + [256] * 2 for p in ids})         # 25% at the limit
+    plans = planner.plan(ids)
+    assert planner.metrics["darts/regime_gate_open"] == 1.0 and any(not p.off for p in plans)
+
+
+def test_darts_regime_window_leaves_out_early_stopped_groups():
+    from vllm_rl.darts.controller import DartsPlanner
+
+    planner = DartsPlanner(4, budget=2.0, max_tokens=100, regime_gate=True)
+    plans = planner.plan(["a"])
+    assert plans[0].early_stop                            # saturated: stopped early
+    planner.observe({"a": [10, 11, 12, 13, 5, 6, 7, 8]})  # censored lengths: not read
+    assert len(planner.regime.lengths) == 0
+    with pytest.raises(ValueError, match="max_tokens"):
+        DartsPlanner(4, regime_gate=True)

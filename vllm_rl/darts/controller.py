@@ -28,6 +28,7 @@ from typing import Any
 from vllm_rl.checks import check_lengths
 from vllm_rl.checks import check_int as _check_int
 from vllm_rl.checks import check_real as _check_real
+from vllm_rl.darts.regime_gate import TailWindow
 from vllm_rl.flags import rl_params as _rl_params
 
 __all__ = ["DartsPlanner", "LengthStats", "PromptPlan", "allocate", "allocation_objective",
@@ -342,6 +343,13 @@ class DartsPlanner:
        allocation saturates**, M'_i = M_up (Sec. 4.3.1: "we ... treat the saturation of
        the budget (M'_i = M_up) as a proxy for severe long-tail characteristics").
 
+    The project's option ``regime_gate=True`` (off by default: the paper's algorithm)
+    runs a step at 1.0 MN, DARTS off for it, while the lengths DARTS let run to their
+    end (:class:`.regime_gate.TailWindow`: the last 1,024 of prompts planned dual-end or
+    off) are outside DARTS's regime: under 5% at the limit where it cuts the tail, else
+    p99/p50 under 5 (:func:`.regime_gate.in_regime`, Sec. 1 and 4.3.1); it needs
+    ``max_tokens``.  :attr:`metrics` has its figures (``darts/regime_*``).
+
     A prompt given M'_i = M has nothing to select or stop: its plan is ``off`` and
     :meth:`flags` sends no DARTS flags for it (its samples run as stock vLLM runs them).
     :attr:`metrics` says what the last plan did (the budget, whether the cost model
@@ -361,7 +369,8 @@ class DartsPlanner:
                  stats: LengthStats | None = None, cost: Any = "h100",
                  max_tokens: int | None = None,
                  candidates: Sequence[float] = CANDIDATES, max_live: int | None = None,
-                 seed: int = 0, lam: float | None = None, guard: bool = False) -> None:
+                 seed: int = 0, lam: float | None = None, guard: bool = False,
+                 regime_gate: bool = False) -> None:
         if budget in self.MODES:
             if cost is None:
                 raise ValueError(f"DartsPlanner budget={budget!r} needs a step-cost model "
@@ -379,6 +388,11 @@ class DartsPlanner:
         self.M = int(M)
         self.budget = budget if budget in self.MODES else float(budget)
         self.lam, self.guard = lam, bool(guard)         # λ of Eq. 8 (None: calibrated)
+        if regime_gate and max_tokens is None:
+            raise ValueError("DartsPlanner regime_gate=True needs max_tokens (the share at "
+                             "the limit is half its test)")
+        self.regime = TailWindow() if regime_gate else None
+        self._early_stop: set = set()                 # prompts the last plan stops early
         self.K = self.M - 1 if K is None else int(K)
         self.stats = stats or LengthStats()
         self.max_tokens, self.candidates = max_tokens, tuple(candidates)
@@ -405,18 +419,33 @@ class DartsPlanner:
             if ids and all(pid in self._last for pid in ids):
                 budget = self._cheapest(ids, self._fits(ids, self.candidates))[0]
                 chosen = 1.0
+        regime = self._regime_metrics()
+        if regime.get("darts/regime_gate_open") == 0.0:
+            budget = 1.0                   # outside DARTS's regime: off for this step
         self._steps += 1
         self.last_budget = budget
         counts = self._counts(ids, budget)
         plans = [PromptPlan(pid, m, self.M, sampling_mode(m, m_up), self.K, m_up)
                  for pid, m in zip(ids, counts)]
+        self._early_stop = {p.prompt_id for p in plans if p.early_stop}
         off = sum(p.off for p in plans)
         self.metrics = {"darts/budget": float(budget), "darts/cost_chosen": chosen,
                         "darts/lambda": float(self.lam or 0.0),
                         "darts/prompts_off": float(off),
                         "darts/off": float(bool(plans) and off == len(plans)),
-                        "darts/redundant": float(sum(counts))}
+                        "darts/redundant": float(sum(counts)), **regime}
         return plans
+
+    def _regime_metrics(self) -> dict[str, float]:
+        """The regime gate's figures (empty without it; no decision before 64 lengths)."""
+        if self.regime is None:
+            return {}
+        found = self.regime.test(self.max_tokens)
+        if found is None:
+            return {"darts/regime_gate_open": 1.0}
+        open_, truncated, tail = found
+        return {"darts/regime_gate_open": float(open_), "darts/regime_truncated": truncated,
+                "darts/regime_tail": tail}
 
     def _fits(self, ids: list, budgets: Iterable[float]) -> list[float]:
         """The budgets whose samples all run at once (``max_live``); 1.0 always."""
@@ -476,3 +505,6 @@ class DartsPlanner:
         self._last.update(step)
         if step:
             self._recent = [x for v in step.values() for x in v]
+        if self.regime is not None:          # uncensored lengths only: no early-stopped group
+            self.regime.observe(x for k, v in step.items() if k not in self._early_stop
+                                for x in v)
