@@ -52,6 +52,8 @@ def technique_flags(name: str, max_tokens: int, l_detect: int = 24,
         "darts": {"darts": {}},
         "duet": {"duet": {"pattern": TASK_MARKER, "grace": duet_grace(max_tokens),
                           "eps": 1.0 if "eps1" in options.get("duet", ()) else 0.05,
+                          **({"regime_gate": True} if "regime" in options.get("duet", ())
+                             else {}),
                           **(duet or {})}},
         "das": {"das": {"policy": "class"} if "class" in options.get("das", ()) else {}},
         "arrol": {"arrol": {"l_detect": l_detect, "return_hidden": True}},
@@ -74,10 +76,12 @@ def partial_setting(name: str) -> dict[str, Any] | None:
 
 # The project's options on a technique, named in a configuration as ``technique:option``
 # (``darts:guard``): each departs from its paper's default (``docs/flags.md``).
-# darts:guard: DartsPlanner(guard=True); das:class: Sec. 4.2.3's length classes;
-# duet:eps1: eps = 1, the gate keeps every sample (DUET's trim alone: an ablation);
-# duet:gate: the gate without the allocator (every prompt M; bench train's RolloutFunc).
-OPTIONS = {"darts": ("guard",), "das": ("class",), "duet": ("eps1", "gate"),
+# darts:guard: DartsPlanner(guard=True); darts:regime: DartsPlanner(regime_gate=True);
+# das:class: Sec. 4.2.3's length classes; duet:eps1: eps = 1, the gate keeps every sample
+# (DUET's trim alone: an ablation); duet:gate: the gate without the allocator (every
+# prompt M; bench train's RolloutFunc); duet:regime: duet.regime_gate (the gate aborts
+# only while at most 6% reach it with no marker).
+OPTIONS = {"darts": ("guard", "regime"), "das": ("class",), "duet": ("eps1", "gate", "regime"),
            PARTIAL: ("tis", "cap1")}
 
 

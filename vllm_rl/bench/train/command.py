@@ -8,13 +8,16 @@ engine every step), one run per (configuration, seed), every run from the same m
 * ``darts``: DARTS Alg. 1 + 2 (per-prompt M'_i in [M, 2M] for App. B's Eq. 8-9 total,
   1.5 MN on the first step: ``DartsPlanner``; dual-end K = M − 1, L = 1, shortest-only
   with early stop where the allocation saturates); ``darts:guard`` adds the project's
-  step-cost guard;
+  step-cost guard, ``darts:regime`` its regime gate (no extra samples while the lengths
+  are outside DARTS's regime, :mod:`vllm_rl.darts.regime_gate`);
 * ``duet``: DUET's marker gate with eps-keep (eps = 0.05, G scaled to ``max_tokens`` as
   150 of 3,072, K1/K2 the engine's online natural-length estimate, App. A.3), the group
   baseline over all samples (Alg. A.10 l.38), and its allocator (Thm. 1 / Eq. 4: each
   prompt's n in [2, 2M] for the full budget, Eq. 6's stratification weights);
   ``duet:gate`` is the gate without the allocator (every prompt M), ``duet:eps1`` keeps
-  every sample at the gate (the trim alone: an ablation);
+  every sample at the gate (the trim alone: an ablation), ``duet:regime`` the engine's
+  regime gate (``duet.regime_gate``: no abort while over 6% reach the gate with no
+  marker);
 * ``das``: DAS drafting from per-problem suffix trees (lossless); ``das:class`` with
   Sec. 4.2.3's length classes;
 * ``arrol``: ARRoL pruning at ``l_detect`` with the shared feedback (labels from natural

@@ -108,7 +108,8 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
         from vllm_rl.darts.controller import DartsPlanner
 
         planner = DartsPlanner(args.m, max_tokens=args.max_tokens,
-                               guard="guard" in options.get("darts", ()))
+                               guard="guard" in options.get("darts", ()),
+                               regime_gate="regime" in options.get("darts", ()))
     gate_only = "gate" in options.get("duet", ())
     regime_log = (Path(args.out) / "runs" / f"{name}-s{seed}-regime.jsonl"
                   if getattr(args, "regime_log", False) else None)
