@@ -35,13 +35,21 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def num(x, fmt: str = ".2f") -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def verdict_table(verdicts) -> list[str]:
+    """Each technique's verdict, a table row each."""
+    return (["", "| technique | its gate | why | rests on |", "|---|---|---|---|"]
+            + [f"| {v.technique} | {v.decision} | {v.why} | {v.rests_on} |" for v in verdicts])
+
+
 def render(regime, verdicts) -> str:
-    def pct(x):
-        return "–" if x is None else f"{100 * x:.1f}%"
-
-    def num(x, fmt=".2f"):
-        return "–" if x is None else format(x, fmt)
-
     r = regime
     early = (f" ({r.ended_early} more ended early by a technique: they count only at "
              "DUET's gate)" if r.ended_early else "")
@@ -62,21 +70,13 @@ def render(regime, verdicts) -> str:
              f"{pct(r.correct_share)}; {pct(r.all_or_none)} |",
              f"| ARRoL's head: AUC pooled / within groups; accuracy ({r.scored} scored) | "
              f"{num(r.head_auc)} / {num(r.head_auc_within)}; {pct(r.head_accuracy)} |",
-             f"| DAS: accepted tokens per draft token | {num(r.draft_acceptance)} |",
-             "", "| technique | its gate | why | rests on |", "|---|---|---|---|"]
-    lines += [f"| {v.technique} | {v.decision} | {v.why} | {v.rests_on} |" for v in verdicts]
-    return "\n".join(lines)
+             f"| DAS: accepted tokens per draft token | {num(r.draft_acceptance)} |"]
+    return "\n".join(lines + verdict_table(verdicts))
 
 
 def render_served(s, verdicts) -> str:
-    def pct(x):
-        return "–" if x is None else f"{100 * x:.1f}%"
-
     def bucket(b):
         return "–" if b is None else f"({b[0]:.0f}, {b[1]:.0f}]"
-
-    def num(x, fmt=".2f"):
-        return "–" if x is None else format(x, fmt)
 
     def gate(x):
         return "" if x is None else (" (gate open)" if x else " (gate shut)")
@@ -91,10 +91,8 @@ def render_served(s, verdicts) -> str:
              f"| share cut by the limit | {pct(s.truncated)} |",
              f"| ARRoL's head: held-out within-group AUC | {num(s.head_auc_within)}"
              f"{gate(s.arrol_gate_open)} |",
-             f"| DAS: accepted tokens per draft token | {num(s.draft_acceptance)} |",
-             "", "| technique | its gate | why | rests on |", "|---|---|---|---|"]
-    lines += [f"| {v.technique} | {v.decision} | {v.why} | {v.rests_on} |" for v in verdicts]
-    return "\n".join(lines)
+             f"| DAS: accepted tokens per draft token | {num(s.draft_acceptance)} |"]
+    return "\n".join(lines + verdict_table(verdicts))
 
 
 def read_metrics(where: str) -> str:
