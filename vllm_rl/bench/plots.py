@@ -201,9 +201,18 @@ def speedups(lines: Mapping[str, tuple[Sequence[float], Sequence[float], Sequenc
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="best", framealpha=0.9)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(wrapped(title, 120), fontsize=10)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def wrapped(title: str, width: int) -> str:
+    """``title`` with each of its lines wrapped at ``width`` characters (a long line runs
+    off the figure's sides)."""
+    import textwrap
+
+    return "\n".join(part for line in title.split("\n")
+                     for part in (textwrap.wrap(line, width) or [""]))

@@ -126,8 +126,8 @@ def rests_on(args) -> str:
     """What the figures rest on: the prompts and the history in DAS's trees."""
     history = getattr(args, "history", 2)
     seed = getattr(args, "prompt_seed", None)
-    prompts = ("the fixed held-out prompts (the defaults were chosen on them)" if seed is None
-               else f"prompts outside the training pool and the held-out set (seed {seed} "
+    prompts = ("fixed held-out prompts (the defaults were chosen on them)" if seed is None
+               else f"prompts outside its training pool and held-out set (seed {seed} "
                "+ run seed)")
     task = getattr(args, "task", "arith")
     return (f"the {task} kit's {prompts}; {history} earlier step(s) of the same prompts "
@@ -185,8 +185,10 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
     points = []
     if args.merge:
         docs = [json.loads(Path(p).read_text()) for p in args.merge]
-        for key in ("max_tokens", "cost", "host_scale"):
-            setattr(args, key, docs[0]["args"][key])
+        for key in ("max_tokens", "cost", "host_scale", "task", "history", "prompt_seed",
+                    "configs"):             # what the merged runs rest on, not the defaults
+            if key in docs[0]["args"]:
+                setattr(args, key, docs[0]["args"][key])
         labels = args.labels.split(",") if args.labels else None
         if labels is not None and len(labels) != len(docs):
             raise SystemExit(f"--labels: {len(labels)} label(s) for {len(docs)} file(s)")
