@@ -43,12 +43,14 @@ ON, OFF, NO_EVIDENCE = "on", "off", "no evidence"
 ROWS = {
     ("duet", OFF): "Time to accuracy: duet:gate -0.021 (-0.038 to -0.004) at equal time on "
                    "the first kit, 16% marker-less at the gate",
-    ("duet", ON): "DUET Table 3: 2.51x at eps 0.05 (Qwen3-1.7B, MATH, 1.2-6% marker-less); "
+    ("duet", ON): "One rollout step on the reasoning kit: DUET 2.04x at 16 x 8, from its trim; "
+                  "DUET Table 3: 2.51x at eps 0.05 (Qwen3-1.7B, MATH, 1.2-6% marker-less); "
                   "no end-to-end run on the reasoning kit yet",
     ("darts", OFF): "Time to accuracy: DARTS on top of DAS 1.12-1.15x against DAS's "
                     "1.20-1.27x on the first kit (response limit 256, 3.4% cut by it)",
-    ("darts", ON): "DARTS Sec. 5.2: 1.29-1.77x over VeRL (Qwen 3B-32B, DAPO-MATH); no "
-                   "end-to-end run on the reasoning kit yet",
+    ("darts", ON): "DARTS Sec. 5.2: 1.29-1.77x over VeRL (Qwen 3B-32B, DAPO-MATH), from what "
+                   "it selects; one rollout step on the reasoning kit: 0.92x at 16 x 8 (a "
+                   "step is no shorter); no end-to-end run on the reasoning kit yet",
     ("arrol", OFF): "ARRoL's gate: where steering helps (vllm-rl bench arrol-gate)",
     ("arrol", ON): "ARRoL's gate: where steering helps (vllm-rl bench arrol-gate)",
     ("arrol", NO_EVIDENCE): "ARRoL's gate: where steering helps (vllm-rl bench arrol-gate)",
