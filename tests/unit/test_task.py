@@ -48,6 +48,21 @@ def test_bench_step_names_its_history_and_prompts():
         parser().parse_args(["--history", "0"])
 
 
+def test_points_merge_keeps_what_the_merged_runs_rest_on(tmp_path, capsys):
+    """A merge's table and picture name the merged runs' kit and history, not the merging
+    command's defaults (the committed reasoning-kit points: --task reasoning)."""
+    from pathlib import Path
+
+    from vllm_rl.bench.points import main
+
+    runs = Path(__file__).resolve().parents[2] / "docs/results/reasoning/points-16x8.json"
+    main(["--merge", str(runs), "--out", str(tmp_path)])
+    args = json.loads((tmp_path / "points.json").read_text())["args"]
+    assert args["task"] == "reasoning" and args["max_tokens"] == 1024
+    assert "the reasoning kit's fixed held-out prompts" in capsys.readouterr().out
+    assert (tmp_path / "points.png").stat().st_size > 0
+
+
 def test_a_partial_step_is_credited_with_the_groups_it_completes():
     from vllm_rl.bench.step.report import delivered_speedup
 
