@@ -657,3 +657,56 @@ def test_a_steps_admissions_share_a_groups_flags_and_initial_class(monkeypatch):
     calls.clear()
     runner.step(p, {})
     assert len(calls) == 2                   # its seal may slide P's window: read again
+
+
+class _Clock:
+    """A stand-in for the ``time`` module the drafter reads: every call moves the clock
+    on by ``tick_ns``, whatever the host did (``tick_ns`` large: a loaded host)."""
+
+    def __init__(self, tick_ns: int):
+        self.tick_ns, self.now, self.calls = tick_ns, 10**12, 0
+
+    def perf_counter_ns(self) -> int:
+        self.calls += 1
+        self.now += self.tick_ns
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.perf_counter_ns() / 1e9
+
+
+def test_on_a_named_table_a_loaded_host_changes_no_draft(monkeypatch):
+    """The default drafter (confidence cap, lookahead) priced on a step-cost table reads
+    no clock in its decisions: the same steps with every interval the drafter times at
+    1 µs and at 40 ms (a quiet and a loaded host) give the same drafts, row by row and
+    step by step.  (With ``cost="online"`` the model is fitted on wall times, and a
+    loaded host moves it.)"""
+    from vllm_rl.das import async_drafts, draft_lengths, drafter
+
+    truth = list(range(11, 60)) + [EOS]
+    other = [11, 12] + list(range(60, 100)) + [EOS]
+    rows = [f"r{i}" for i in range(48)]
+
+    def run(tick_ns: int):
+        clock = _Clock(tick_ns)
+        for module in (async_drafts, draft_lengths, drafter):
+            monkeypatch.setattr(module, "time", clock)
+        p, runner = _confidence_proposer(), AsyncRunner()
+        for i, rid in enumerate(rows):
+            p.prebuild(f"P{i % 6}", [truth, other, truth[:20] + [EOS]], PROMPT)
+            runner.add(rid, _request({"problem_id": f"P{i % 6}"}, max_tokens=40))
+        pos = {rid: 1 for rid in rows}
+        first = {rid: [truth[0]] for rid in rows}
+        steps = [runner.step(p, first)[0]]
+        for k in range(8):
+            # rows follow the first rollout or, one in three, the second
+            steps.append(runner.step(p, lambda v: {
+                **_follow(truth, pos)({r: d for r, d in v.items() if int(r[1:]) % 3}),
+                **_follow(other, pos)({r: d for r, d in v.items() if not int(r[1:]) % 3})})[0])
+        return steps, clock.calls
+
+    quiet, quiet_calls = run(1_000)
+    loaded, loaded_calls = run(40_000_000)
+    assert quiet_calls > 0 and loaded_calls > 0
+    assert quiet == loaded
+    assert sum(len(d) for s in quiet for d in s.values()) > 0

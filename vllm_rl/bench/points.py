@@ -53,6 +53,9 @@ def parser(prog: str = "vllm-rl bench points") -> argparse.ArgumentParser:
     ap.add_argument("--prompt-seed", type=int, default=None,
                     help="prompts drawn outside the training pool and the fixed held-out set, "
                          "with this seed plus the run's seed (default: the fixed held-out set)")
+    ap.add_argument("--host-load", type=int, default=0, metavar="N",
+                    help="N processes spinning on the engine's CPUs during every timed step "
+                         "(a busy host; as `vllm-rl bench step --host-load`; default 0)")
     ap.add_argument("--das-config", default=None, metavar="JSON",
                     help="more DASConfig fields for the DAS engine, as `vllm-rl bench step "
                          "--das-config` (e.g. '{\"lookahead\": false}')")
@@ -130,8 +133,10 @@ def rests_on(args) -> str:
                else f"prompts outside its training pool and held-out set (seed {seed} "
                "+ run seed)")
     task = getattr(args, "task", "arith")
+    load = getattr(args, "host_load", 0)
+    busy = f"; {load} process(es) spinning beside the engine" if load else ""
     return (f"the {task} kit's {prompts}; {history} earlier step(s) of the same prompts "
-            f"({history * args.m} rollouts per problem in DAS's trees)")
+            f"({history * args.m} rollouts per problem in DAS's trees){busy}")
 
 
 def _write(out: Path, args, points: list[dict], t0: float) -> dict:
@@ -186,7 +191,7 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
     if args.merge:
         docs = [json.loads(Path(p).read_text()) for p in args.merge]
         for key in ("max_tokens", "cost", "host_scale", "task", "history", "prompt_seed",
-                    "configs"):             # what the merged runs rest on, not the defaults
+                    "host_load", "configs"):             # what the merged runs rest on, not the defaults
             if key in docs[0]["args"]:
                 setattr(args, key, docs[0]["args"][key])
         labels = args.labels.split(",") if args.labels else None
@@ -213,6 +218,7 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
                          *(["--prompt-seed", str(args.prompt_seed + seed)]
                            if args.prompt_seed is not None else []),
                          *(["--das-config", args.das_config] if args.das_config else []),
+                         "--host-load", str(args.host_load),
                          "--out", str(out / "runs")])
         points.append({"prompts": size, "seed": seed, "summary": res["summary"],
                        "total_s": res["total_s"]})

@@ -22,7 +22,9 @@ is run as a trainer runs it:
    (:func:`vllm_rl.bench.step.run.reset_trees`), so no configuration drafts from another's rollouts.  A
    configuration with partial rollouts (``+partial``) runs two untimed steps of its own
    first, so the timed step is one with carried samples, as in training; its groups are
-   the complete ones (:func:`vllm_rl.bench.step.run.run_once`).
+   the complete ones (:func:`vllm_rl.bench.step.run.run_once`).  With ``--host-load N``
+   every timed step, stock's too, runs beside N processes spinning on this process's
+   CPUs (:mod:`vllm_rl.bench.host_load`): a busy host.
 
 Each run's engine steps are priced on a GPU step-cost table (``--cost``; a projection,
 :mod:`vllm_rl.cost`), beside the CPU wall, twice: the forward passes only ("GPU"), and
@@ -47,6 +49,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from vllm_rl.bench.host_load import HostLoad
 from vllm_rl.bench.matrix import CONFIGS, engine_kind, is_config
 from vllm_rl.bench.step.report import header, pictures, summarize, table
 from vllm_rl.bench.step.run import previous_steps, reset_trees, run_once, step_params
@@ -129,6 +132,10 @@ def parser(prog: str = "vllm-rl bench step") -> argparse.ArgumentParser:
     ap.add_argument("--host-scale", type=float, default=1.0,
                     help="multiplies the host times measured here in the host-counted "
                          "projection: 0.5 models a host CPU twice as fast (default 1.0)")
+    ap.add_argument("--host-load", type=int, default=0, metavar="N",
+                    help="N processes spinning on this process's CPUs during the timed "
+                         "steps, stock's and every configuration's: a busy host "
+                         "(vllm_rl.bench.host_load; default 0)")
     ap.add_argument("--das-batch-cap", default=None, choices=BATCH_CAPS,
                     help="the DAS engine's batch cap (DASConfig.batch_cap; default the "
                          "engine's, 'confidence')")
@@ -216,8 +223,9 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench step") -> dic
         llm = engines[engine_kind(name)]
         if llm is rl:               # every drafting configuration: the same trees
             reset_trees(rl, trees)
-        runs.append(run_once(llm, name, step_params(name, prompts, args, plans, duet),
-                             prompts, rep, cost, args.host_scale))
+        params = step_params(name, prompts, args, plans, duet)
+        with HostLoad(args.host_load):
+            runs.append(run_once(llm, name, params, prompts, rep, cost, args.host_scale))
         bar.update(1)
     bar.set_postfix_str("done")
     bar.close()

@@ -58,10 +58,13 @@ def header(args, model: str, n_prompts: int, duet: dict, arrol: dict, plans: dic
     auc = arrol.get("arrol/heldout_auc", float("nan"))
     drawn = ("the fixed held-out set" if args.prompt_seed is None
              else f"drawn with seed {args.prompt_seed} outside the training pool")
+    load = getattr(args, "host_load", 0)
+    busy = (f" The timed steps ran beside {load} process(es) spinning on the engine's CPUs."
+            if load else "")
     return (f"\n{model}\n{n_prompts} prompts ({drawn}), M = {args.m} kept per prompt, "
             f"max_tokens {args.max_tokens}, temperature 1, one step per configuration "
             f"(median of {args.repeats}), interleaved with stock vLLM, in-process engines"
-            f"{' with H100 scheduler limits' if args.gpu_limits else ''}.\n"
+            f"{' with H100 scheduler limits' if args.gpu_limits else ''}.{busy}\n"
             f"{args.history} previous step(s) of the same prompts ({args.history * args.m} "
             f"rollouts per problem in DAS's trees) gave DARTS M' = {min(ns)}..{max(ns)} "
             f"(mean {statistics.fmean(ns):.1f}"
