@@ -144,6 +144,10 @@ def test_resume_reuses_only_runs_from_the_same_arguments(tmp_path):
     assert train._finished(tmp_path, "stock", 1, args) is None
     args.max_tokens += 1
     assert train._finished(tmp_path, "stock", 0, args) is None
+    args.max_tokens -= 1
+    assert "micro_batch" not in run["args"]   # an argument added later, at its default
+    args.micro_batch = args.prompts * args.m // 2
+    assert train._finished(tmp_path, "stock", 0, args) is None
 
 
 def test_configurations_are_combinations_and_project_options():

@@ -179,7 +179,10 @@ def parser() -> argparse.ArgumentParser:
 # the arguments that decide a run's result (a finished run is reused only if they match)
 RUN_ARGS = ("steps", "prompts", "m", "pool", "max_tokens", "lr", "lr_schedule", "eval_every",
             "eval_prompts", "eval_samples", "heldout_seed", "l_detect", "arrol_cold", "cost",
-            "host_scale", "budget", "max_steps", "topology", "trainer_cost", "micro_batch")
+            "host_scale", "budget", "max_steps", "topology", "trainer_cost")
+# arguments added after runs were recorded: kept in a run's arguments only when set, so an
+# earlier run made with what is now their default still matches
+LATER_ARGS = ("micro_batch",)
 
 
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total} [{elapsed}<{remaining}{postfix}]"
@@ -196,13 +199,15 @@ def settle(args) -> None:
 
 
 def _run_args(args) -> dict:
-    """The run-deciding arguments; the kit only where it is not the first (so the runs
-    made before the reasoning kit existed still match)."""
+    """The run-deciding arguments; the kit only where it is not the first and the
+    :data:`LATER_ARGS` only where set (so the runs made before either existed still match)."""
     from vllm_rl.task.kits import DEFAULT
 
     settle(args)
     task = getattr(args, "task", DEFAULT)
-    return {k: getattr(args, k) for k in RUN_ARGS} | ({} if task == DEFAULT else {"task": task})
+    later = {k: v for k in LATER_ARGS if (v := getattr(args, k, None)) is not None}
+    return ({k: getattr(args, k) for k in RUN_ARGS} | later
+            | ({} if task == DEFAULT else {"task": task}))
 
 
 def _finished(out: Path, name: str, seed: int, args) -> dict | None:
