@@ -125,8 +125,13 @@ def table(agg: dict, sizes: list[int], m: int) -> str:
     return "\n".join(lines)
 
 
-def rests_on(args) -> str:
-    """What the figures rest on: the prompts and the history in DAS's trees."""
+def rests_on(args, sep: str = "; and ") -> str:
+    """What the figures rest on: the prompts and the history in DAS's trees (with
+    ``--merge`` of runs that rest on different ones, each run's, by its label, joined by
+    ``sep``)."""
+    merged = getattr(args, "rests", None)
+    if merged:
+        return sep.join(merged)
     history = getattr(args, "history", 2)
     seed = getattr(args, "prompt_seed", None)
     prompts = ("fixed held-out prompts (the defaults were chosen on them)" if seed is None
@@ -162,7 +167,7 @@ def picture(agg: dict, sizes: list[int], args, path: Path) -> Path:
     return plots.speedups(
         lines, path, f"Speed-up over stock vLLM, one rollout step (M = {args.m}, max_tokens "
         f"{args.max_tokens}, projected on {args.cost}, host x {args.host_scale:g})\n"
-        f"{rests_on(args)}\n"
+        f"{rests_on(args, sep=chr(10))}\n"
         f"solid: host time counted (mean, 95% CI over seeds); dotted: GPU-only",
         "stock-8 time / configuration time", dashed)
 
@@ -197,6 +202,10 @@ def main(argv: list[str] | None = None, prog: str = "vllm-rl bench points") -> d
         labels = args.labels.split(",") if args.labels else None
         if labels is not None and len(labels) != len(docs):
             raise SystemExit(f"--labels: {len(labels)} label(s) for {len(docs)} file(s)")
+        own = [rests_on(argparse.Namespace(**{**vars(args), **d["args"], "rests": None}))
+               for d in docs]
+        if len(set(own)) > 1:                       # each run's own, by its label
+            args.rests = [f"[{labels[i] if labels else i + 1}] {r}" for i, r in enumerate(own)]
         points = [_labelled(pt, labels[i], args.m) if labels else pt
                   for i, d in enumerate(docs) for pt in d["points"]]
         sizes = sorted({pt["prompts"] for pt in points})
