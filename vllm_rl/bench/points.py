@@ -156,6 +156,7 @@ def _write(out: Path, args, points: list[dict], t0: float) -> dict:
 def picture(agg: dict, sizes: list[int], args, path: Path) -> Path:
     from vllm_rl.bench import plots
 
+    rests = rests_on(args, sep="\n")
     lines, dashed = {}, {}
     for name, cells in agg.items():
         have = [s for s in sizes if str(s) in cells]
@@ -167,7 +168,7 @@ def picture(agg: dict, sizes: list[int], args, path: Path) -> Path:
     return plots.speedups(
         lines, path, f"Speed-up over stock vLLM, one rollout step (M = {args.m}, max_tokens "
         f"{args.max_tokens}, projected on {args.cost}, host x {args.host_scale:g})\n"
-        f"{rests_on(args, sep=chr(10))}\n"
+        f"{rests}\n"
         f"solid: host time counted (mean, 95% CI over seeds); dotted: GPU-only",
         "stock-8 time / configuration time", dashed)
 

@@ -87,6 +87,7 @@ from vllm_rl.bench.train.report import (axes_table, plot, seeds_table, speedup_t
                                         summarize, table, topology_table)
 from vllm_rl.bench.train.run import _messages, _worker
 from vllm_rl.cost.trainer import TOPOLOGIES, TrainerCost, topology
+from vllm_rl.task.kits import DEFAULT as DEFAULT_TASK
 
 
 def parser() -> argparse.ArgumentParser:
@@ -180,9 +181,9 @@ def parser() -> argparse.ArgumentParser:
 RUN_ARGS = ("steps", "prompts", "m", "pool", "max_tokens", "lr", "lr_schedule", "eval_every",
             "eval_prompts", "eval_samples", "heldout_seed", "l_detect", "arrol_cold", "cost",
             "host_scale", "budget", "max_steps", "topology", "trainer_cost")
-# arguments added after runs were recorded: kept in a run's arguments only when set, so an
-# earlier run made with what is now their default still matches
-LATER_ARGS = ("micro_batch",)
+# arguments added after runs were recorded, with their defaults: kept in a run's arguments
+# only where they differ, so an earlier run made with what is now the default still matches
+LATER_ARGS = {"task": DEFAULT_TASK, "micro_batch": None}
 
 
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total} [{elapsed}<{remaining}{postfix}]"
@@ -199,15 +200,12 @@ def settle(args) -> None:
 
 
 def _run_args(args) -> dict:
-    """The run-deciding arguments; the kit only where it is not the first and the
-    :data:`LATER_ARGS` only where set (so the runs made before either existed still match)."""
-    from vllm_rl.task.kits import DEFAULT
-
+    """The run-deciding arguments, the :data:`LATER_ARGS` only where they differ from
+    their defaults (so the runs made before they existed still match)."""
     settle(args)
-    task = getattr(args, "task", DEFAULT)
-    later = {k: v for k in LATER_ARGS if (v := getattr(args, k, None)) is not None}
-    return ({k: getattr(args, k) for k in RUN_ARGS} | later
-            | ({} if task == DEFAULT else {"task": task}))
+    later = {k: v for k, default in LATER_ARGS.items()
+             if (v := getattr(args, k, default)) != default}
+    return {k: getattr(args, k) for k in RUN_ARGS} | later
 
 
 def _finished(out: Path, name: str, seed: int, args) -> dict | None:
