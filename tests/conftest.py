@@ -1,7 +1,9 @@
 """Shared fixtures: one RL engine (the real vLLM engine core on the embedded model) per session.
 
 vLLM starts its engine processes with spawn, so the engine is built lazily by the
-first test that asks for it and shut down at the end of the session.
+first test that asks for it and shut down at the end of the session.  The engines only
+the engine tier uses (in-process, synchronous DAS) are in ``tests/engine/conftest.py``,
+one for the whole tier.
 """
 from __future__ import annotations
 
@@ -51,18 +53,6 @@ def inproc_engine(**kwargs):
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
 
 
-@pytest.fixture(scope="module")
-def inproc_llm():
-    """``vllm_rl.LLM`` with the engine core in this process
-    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``llm_engine.step()`` is exactly one engine
-    step, and the scheduler can be read between steps.  One per module, shut down at its
-    end: the session's other engines stay up through the integration tier, whose Ray
-    clusters need the memory."""
-    llm = inproc_engine()
-    yield llm
-    shutdown(llm)
-
-
 @pytest.fixture(scope="session")
 def das_llm():
     """``vllm_rl.LLM(das=...)``: the DAS drafter in vLLM's custom_class slot, with async
@@ -75,19 +65,6 @@ def das_llm():
 
     llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN, das={"batch_cap": "linear"},
               arrol=True, additional_config={CPU_ASYNC_KEY: True})
-    yield llm
-    shutdown(llm)
-
-
-@pytest.fixture(scope="module")
-def sync_das_llm():
-    """``das_llm`` with synchronous scheduling (``das={"async_scheduling": False}``, what
-    a parallel engine runs), one per module that asks for it."""
-    from vllm_rl import LLM
-    from vllm_rl.task import MODEL_PATH
-
-    llm = LLM(MODEL_PATH, seed=0, max_model_len=MAX_MODEL_LEN,
-              das={"batch_cap": "linear", "async_scheduling": False}, arrol=True)
     yield llm
     shutdown(llm)
 

@@ -1,10 +1,15 @@
-"""One live ``python -m vllm_rl.serve`` for the tests that need every section at once.
+"""One live ``vllm-rl serve`` for every test that talks to a server.
 
 The server runs the embedded model with the DAS drafter and an ARRoL head (so group,
 darts, duet, das and arrol flags are all valid), the multiprocess engine (engine core
-in its own process, ``/metrics`` served by the API server).  :func:`shared_server`
-starts it once per pytest process and stops it at exit, so ``tests/engine/test_metrics.py``
-and ``tests/engine/test_soak.py`` share it.
+in its own process, ``/metrics`` served by the API server), a plain chat template (the
+embedded model has none) for ``/v1/chat/completions``, and vLLM's development routes
+(``VLLM_SERVER_DEV_MODE=1``: ``GET /is_paused``, on which the reload tests order their
+requests).  It is started by the installed console script (``setup.py``: ``vllm-rl =
+vllm_rl.cli:main``), the way a user starts it.  :func:`shared_server` starts it once per
+pytest process and stops it at exit: the server, flag, metrics, reload and soak tests
+and TRL's server mode share it.  A test that changes the server's state puts it back
+(the reload tests end on the served checkpoint).
 """
 from __future__ import annotations
 
@@ -23,12 +28,12 @@ import urllib.request
 from pathlib import Path
 
 from conftest import MAX_MODEL_LEN
-from vllm_rl import server_args
 from vllm_rl.llm import CPU_KV_CACHE_BYTES
 from vllm_rl.metrics import parse
 from vllm_rl.task import MODEL_PATH
 
 DAS = {"batch_cap": "linear"}      # budgets that do not depend on this machine's step times
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 _server: dict | None = None
 
 
@@ -61,6 +66,13 @@ def launch(cmd: list[str], log: Path, what: str = "the server",
             time.sleep(1)
 
 
+def vllm_rl_script() -> list[str]:
+    """The installed console script (setup.py: ``vllm-rl = vllm_rl.cli:main``)."""
+    script = Path(sys.executable).parent / "vllm-rl"
+    assert script.exists(), "the vllm-rl console script is not installed (pip install -e .)"
+    return [str(script)]
+
+
 def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -77,12 +89,15 @@ def shared_server() -> str:
         if _server["proc"].poll() is not None:
             raise RuntimeError("the shared vllm_rl server died:\n" + _log_tail())
         return _server["base"]
-    log = Path(tempfile.mkdtemp(prefix="vllm-rl-server-")) / "serve.log"
-    cmd = [sys.executable, "-m", "vllm_rl.serve", str(MODEL_PATH), "--seed", "0",
+    folder = Path(tempfile.mkdtemp(prefix="vllm-rl-server-"))
+    (folder / "chat.jinja").write_text(CHAT_TEMPLATE)
+    cmd = [*vllm_rl_script(), "serve", str(MODEL_PATH), "--seed", "0",
            "--max-model-len", str(MAX_MODEL_LEN),
            "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES),
-           *server_args(das=DAS, arrol=True), "--arrol"]
-    proc, base = launch(cmd, log, "vllm_rl.serve")
+           "--das", "--das-batch-cap", DAS["batch_cap"], "--arrol",
+           "--chat-template", str(folder / "chat.jinja")]
+    log = folder / "serve.log"
+    proc, base = launch(cmd, log, "vllm-rl serve", env={"VLLM_SERVER_DEV_MODE": "1"})
     _server = {"proc": proc, "base": base, "log": log}
     atexit.register(_stop)
     return base

@@ -1,6 +1,7 @@
-"""``vllm-rl bench step`` (the main job's benchmark) end to end at a tiny size: the three
-engines, the previous steps, every configuration against stock, the JSON, the PNGs and
-``vllm-rl bench report`` on the JSON; ``vllm-rl bench points`` over two sizes."""
+"""``vllm-rl bench points`` end to end at a tiny size, and the ``vllm-rl bench step`` run
+under it (the main job's benchmark): the three engines, the previous steps, every
+configuration against stock, the JSON, the PNGs and ``vllm-rl bench report`` on the JSON;
+the points over two sizes; ``vllm-rl bench host-parts``."""
 from __future__ import annotations
 
 import json
@@ -8,16 +9,26 @@ import subprocess
 import sys
 
 
-def test_step_bench_runs_every_configuration_and_reports(tmp_path):
-    cmd = [sys.executable, "-m", "vllm_rl.cli", "bench", "step", "--prompts", "2", "--m", "2",
-           "--max-tokens", "48", "--kv-gib", "0.25", "--das-batch-cap", "phase",
-           "--out", str(tmp_path)]
+def test_points_bench_runs_every_configuration_and_writes_the_tables_and_pictures(tmp_path):
+    """One size live: ``vllm-rl bench step``'s three engines (stock vLLM, RL, RL with
+    DAS), the previous steps, every configuration against stock, the step's JSON, PNGs and
+    ``vllm-rl bench report`` on it; the points' table and picture over two sizes and the
+    merge of labelled runs from that run's own points."""
+    from vllm_rl.bench import points
+
+    configs = ("darts", "duet", "das", "arrol", "das+duet+arrol", "all")
+    cmd = [sys.executable, "-m", "vllm_rl.cli", "bench", "points", "--sizes", "2",
+           "--seeds", "0", "--m", "2", "--max-tokens", "32", "--configs", ",".join(configs),
+           "--das-config", '{"batch_cap": "phase"}',
+           "--kv-gib-per-seq", "0.05", "--out", str(tmp_path / "live")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
-    [path] = tmp_path.glob("step-*.json")
-    doc = json.loads(path.read_text())
-    rows = {r["config"]: r for r in doc["summary"]}
-    assert {"stock-2", "darts", "duet", "das", "arrol", "das+duet+arrol", "all"} <= set(rows)
+
+    # the step run under it, as `vllm-rl bench step` writes it
+    [path] = (tmp_path / "live" / "runs").glob("step-*.json")
+    step = json.loads(path.read_text())
+    rows = {r["config"]: r for r in step["summary"]}
+    assert {"stock-2", *configs} <= set(rows)
     for name, row in rows.items():
         assert row["tokens"] > 0 and row["engine_steps"] > 0 and row["projected_ms"] > 0, name
         # host time counted on top of (or overlapped with) the forward passes, never less
@@ -25,31 +36,21 @@ def test_step_bench_runs_every_configuration_and_reports(tmp_path):
         assert row["asynchronous"] is True, name      # every engine, DAS's included
     assert rows["stock-2"]["gpu_speedup"] == 1.0 == rows["stock-2"]["host_speedup"]
     assert rows["das"]["host_worker_ms"] > 0                 # the drafter, in-process
-    assert doc["args"]["host_scale"] == 1.0
-    assert doc["args"]["das_batch_cap"] == "phase"
-    assert len(list(tmp_path.glob("step-*.png"))) == 3          # lengths, running, timeline
+    assert step["args"]["host_scale"] == 1.0
+    assert json.loads(step["args"]["das_config"])["batch_cap"] == "phase"
+    assert len(list(path.parent.glob("step-*.png"))) == 3      # lengths, running, timeline
     assert "PROJECTION" in done.stdout and "| all |" in done.stdout
     assert "+host x (proj.)" in done.stdout and "MEASURED on this CPU" in done.stdout
-    assert (tmp_path / "vllm.log").stat().st_size > 0
+    assert (path.parent / "vllm.log").stat().st_size > 0
     report = subprocess.run([sys.executable, "-m", "vllm_rl.cli", "bench", "report", str(path)],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0 and "| all |" in report.stdout
 
-
-def test_points_bench_writes_the_table_and_its_picture(tmp_path):
-    """One size live (stock and DAS engines, one step each); the table and picture over
-    two sizes and the merge of labelled runs from that run's own points."""
-    from vllm_rl.bench import points
-
-    cmd = [sys.executable, "-m", "vllm_rl.cli", "bench", "points", "--sizes", "2",
-           "--seeds", "0", "--m", "2", "--max-tokens", "32", "--configs", "das",
-           "--kv-gib-per-seq", "0.05", "--out", str(tmp_path / "live")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    # the points over it
     doc = json.loads((tmp_path / "live" / "points.json").read_text())
     assert [(p["prompts"], p["seed"]) for p in doc["points"]] == [(2, 0)]
     agg = doc["aggregate"]
-    assert set(agg) == {"stock-4", "das"}
+    assert set(agg) == {"stock-4", *configs}
     for cells in agg.values():
         assert set(cells) == {"2"}
         assert all(c["host_mean"] > 0 and c["gpu_mean"] > 0 for c in cells.values())
@@ -70,7 +71,7 @@ def test_points_bench_writes_the_table_and_its_picture(tmp_path):
                  str(tmp_path / "live" / "points.json"), "--labels", "a,b", "--m", "2",
                  "--out", str(merged)])
     labelled = json.loads((merged / "points.json").read_text())["aggregate"]
-    assert set(labelled) == {"stock-4", "das [a]", "das [b]"}
+    assert set(labelled) == {"stock-4"} | {f"{c} [{x}]" for c in configs for x in "ab"}
     assert labelled["das [a]"]["2"]["host"] == agg["das"]["2"]["host"]
     assert len(labelled["stock-4"]["2"]["host"]) == 2
     assert (merged / "points.png").stat().st_size > 0

@@ -103,13 +103,13 @@ def _mean_logprob(c) -> float:
 def test_sampling_distribution_unchanged_by_das(das_llm, prompts):
     """At temperature 1 the samples follow the model with DAS as without.
 
-    Per arm, four seeded rounds of 16 prompts x 8 samples; the statistic is a round's
+    Per arm, two seeded rounds of 16 prompts x 8 samples; the statistic is a round's
     mean per-sample token log-probability (and mean length).  vLLM seeds a request's
     i-th sample with seed + i, so the rounds' seeds lie n = 8 apart: no two rounds, and
     no round and the warm-up, share a sample's seed.  Measured here over eight rounds an
     arm, round means spread with a standard deviation of 0.021 nats (5–6 tokens) with
-    DAS and without, so the arms' four-round means differ by less than 0.06 (four
-    standard deviations of the difference, 0.015; 15 tokens) unless the verifier is
+    DAS and without, so the arms' two-round means differ by less than 0.085 (four
+    standard deviations of the difference, 0.021; 24 tokens) unless the verifier is
     wrong: with the CPU temperature bug (``patches/rejection_sampler.py``) the DAS arm's
     tokens are noise, far below -1 nat per token.  Position by position, the
     chi-square test of ``test_das_async.py`` checks the law itself."""
@@ -126,9 +126,9 @@ def test_sampling_distribution_unchanged_by_das(das_llm, prompts):
         return statistics.fmean(map(_mean_logprob, cs)), statistics.fmean(len(c.token_ids) for c in cs)
 
     arm(True, 0)                                            # fills the trees
-    with_das = [arm(True, 8 * r) for r in range(1, 5)]
-    without = [arm(False, 8 * r) for r in range(5, 9)]
-    for k, bound in ((0, 0.06), (1, 15.0)):
+    with_das = [arm(True, 8 * r) for r in range(1, 3)]
+    without = [arm(False, 8 * r) for r in range(3, 5)]
+    for k, bound in ((0, 0.085), (1, 24.0)):
         diff = statistics.fmean(x[k] for x in with_das) - statistics.fmean(x[k] for x in without)
         assert abs(diff) < bound, (k, with_das, without)
 

@@ -1,40 +1,25 @@
-"""``vllm-rl serve`` on loopback: an OpenAI client with flags, ``vllm-rl serve-bench``
-against it (JSON fields, records, PNGs), the DAS and weight-reload routes."""
+"""``vllm-rl serve`` on loopback (the shared server): an OpenAI client with flags,
+``vllm-rl serve-bench`` against it (JSON fields, records, PNGs), the DAS and weight-reload
+routes."""
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import MAX_MODEL_LEN
-from server_fixture import Background, Flight, call as _call, launch, stop, wait_until
+from server_fixture import Background, Flight, call as _call, shared_server, wait_until
 from vllm_rl import Reason, RolloutInfo, rl_xargs
 from vllm_rl.task import MODEL_PATH
 
 pytestmark = pytest.mark.engine
 
 
-def _vllm_rl() -> list[str]:
-    """The installed console script (setup.py: ``vllm-rl = vllm_rl.cli:main``)."""
-    script = Path(sys.executable).parent / "vllm-rl"
-    assert script.exists(), "the vllm-rl console script is not installed (pip install -e .)"
-    return [str(script)]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    cmd = [*_vllm_rl(), "serve", "--das", "--das-batch-cap", "linear", "--arrol", "--seed", "0",
-           "--max-model-len", str(MAX_MODEL_LEN)]
-    # vLLM's development routes add GET /is_paused (the engine core's own pause state):
-    # the reload test orders its requests on it
-    proc, base = launch(cmd, tmp_path_factory.mktemp("vllm-rl-serve") / "serve.log",
-                        "vllm-rl serve", env={"VLLM_SERVER_DEV_MODE": "1"})
-    try:
-        yield base
-    finally:
-        stop(proc)
-
+def server():
+    """The shared ``vllm-rl serve`` (DAS and ARRoL, vLLM's development routes:
+    ``server_fixture.shared_server``); the reload tests end on its served checkpoint."""
+    return shared_server()
 
 
 def test_openai_client_with_flags(server, prompts):

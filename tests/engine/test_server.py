@@ -7,37 +7,22 @@ error event.
 """
 import http.client
 import json
-import sys
 
 import pytest
 
-from conftest import MAX_MODEL_LEN
-from server_fixture import Flight, call as _call, launch, stop
-from vllm_rl import Reason, RolloutInfo, rl_xargs, server_args
-from vllm_rl.llm import CPU_KV_CACHE_BYTES
+from server_fixture import Flight, call as _call, shared_server
+from vllm_rl import Reason, RolloutInfo, rl_xargs
 from vllm_rl.task import MODEL_PATH
 
 pytestmark = pytest.mark.engine
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 ROUTES = ("/v1/completions", "/v1/chat/completions")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    # vLLM's own `serve` subcommand, through vllm_rl.serve (the `vllm` script of the CPU
-    # wheel cannot find its distribution metadata; see vllm_rl/serve.py).
-    # The embedded model has no chat template: a plain one for /v1/chat/completions.
-    folder = tmp_path_factory.mktemp("server")
-    (folder / "chat.jinja").write_text(CHAT_TEMPLATE)
-    cmd = [sys.executable, "-m", "vllm_rl.serve", str(MODEL_PATH), "--seed", "0",
-           "--max-model-len", str(MAX_MODEL_LEN),
-           "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES), *server_args(arrol=True),
-           "--arrol", "--chat-template", str(folder / "chat.jinja")]
-    proc, base = launch(cmd, folder / "serve.log", "vllm serve")
-    try:
-        yield base
-    finally:
-        stop(proc)
+def server():
+    """The shared ``vllm-rl serve`` (``server_fixture.shared_server``: the RL engine with
+    DAS and ARRoL, a plain chat template for /v1/chat/completions)."""
+    return shared_server()
 
 
 def _post(base, body):
@@ -164,7 +149,7 @@ BAD = [  # (vllm_xargs, n, the flag the 400 names)
     ({"vllm_rl.group.redundant": 3}, 2, "group.redundant"),  # checked against n
     (rl_xargs(group={"size": 2}, darts={"k": 1}) | {"vllm_rl.darts.k": 9}, 2, "darts.k"),
     ({"vllm_rl": "{oops"}, 1, "vllm_rl"),                   # not JSON
-    ({"vllm_rl.das.budget": 2}, 1, "das"),                  # this server has no drafter
+    ({"vllm_rl.das.budget": 5}, 1, "das.budget"),           # above this server's drafter's b (4)
     ({"vllm_rl.partial.step": 1.5}, 1, "partial.step"),     # partial rollouts' flags
     ({"vllm_rl": json.dumps({"partial": {"step": 1, "start_step": 0, "prior_tokens": 5,
                                          "prior_versions": [[0, 0], [1, 5]]}})}, 1,

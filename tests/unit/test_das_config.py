@@ -68,3 +68,27 @@ def test_server_args_parse_into_a_das_engine():
     assert engine.async_scheduling is False
     assert engine.worker_extension_cls == "vllm_rl.worker.RLWorkerExtension"
     assert json.loads(json.dumps(engine.additional_config))   # plain JSON travels
+
+
+def test_das_flags_are_refused_by_an_engine_without_the_drafter_or_above_its_budget():
+    """What the server answers with a 400 before any response (``vllm_rl.http_flags``):
+    DAS flags on an engine started without the drafter name ``das``; a budget above the
+    engine's b names ``das.budget``; flags without DAS pass through unchanged."""
+    from types import SimpleNamespace
+
+    from vllm_rl.das.config import check_engine
+    from vllm_rl.flags import FlagError, read
+
+    stock = SimpleNamespace(speculative_config=None, additional_config={})
+    das = SimpleNamespace(speculative_config=SimpleNamespace(
+        method="custom_class", model=PROPOSER, num_speculative_tokens=8),
+        additional_config={CONFIG_KEY: {"budget": 4}})
+    with pytest.raises(FlagError) as e:
+        check_engine(read({"vllm_rl": {"das": {"budget": 2}}}), stock)
+    assert e.value.flag == "das"
+    with pytest.raises(FlagError) as e:
+        check_engine(read({"vllm_rl": {"das": {"budget": 5}}}), das)
+    assert e.value.flag == "das.budget"
+    assert check_engine(read({"vllm_rl": {"das": {"budget": 4}}}), das).das.policy == "fixed"
+    plain = read({"vllm_rl": {"group": {"size": 2}}})
+    assert check_engine(plain, stock) is plain
