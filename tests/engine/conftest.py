@@ -1,6 +1,5 @@
-"""The engines only the engine tier uses.  The in-process engine is one for the whole tier
-(``tests/engine`` is a package, so a package-scoped engine is shut down after the tier's
-last test and the integration tier's Ray clusters get its memory back)."""
+"""The engines only the engine tier uses, one per module that asks (shut down at its end,
+so the integration tier's Ray clusters get their memory back)."""
 from __future__ import annotations
 
 import pytest
@@ -8,12 +7,13 @@ import pytest
 from conftest import MAX_MODEL_LEN, inproc_engine, shutdown
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def inproc_llm():
     """``vllm_rl.LLM`` with the engine core in this process
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``llm_engine.step()`` is exactly one engine
-    step, and the scheduler can be read between steps.  A test leaves it as it found it:
-    nothing running, waiting or carried, the served weights."""
+    step, and the scheduler can be read between steps.  One per module: shared across the
+    tier, the reload tests failed on it once ``test_partial_faults.py``'s own in-process
+    engines had started and shut down beside it."""
     llm = inproc_engine()
     yield llm
     shutdown(llm)
