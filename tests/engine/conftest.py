@@ -12,8 +12,10 @@ def inproc_llm():
     """``vllm_rl.LLM`` with the engine core in this process
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``llm_engine.step()`` is exactly one engine
     step, and the scheduler can be read between steps.  One per module: shared across the
-    tier, the reload tests failed on it once ``test_partial_faults.py``'s own in-process
-    engines had started and shut down beside it."""
+    tier, the reload tests failed on it ("pipeline model parallel group is not
+    initialized") once ``test_partial_faults.py``'s own in-process engines had shut down
+    beside it, since an in-process engine's shutdown tears down the process's
+    model-parallel groups."""
     llm = inproc_engine()
     yield llm
     shutdown(llm)
