@@ -3,7 +3,7 @@
 vLLM starts its engine processes with spawn, so the engine is built lazily by the
 first test that asks for it and shut down at the end of the session.  The engines only
 the engine tier uses (in-process, synchronous DAS) are in ``tests/engine/conftest.py``,
-one for the whole tier.
+one per module that asks.
 """
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """The engines only the engine tier uses, one per module that asks (shut down at its end,
-so the integration tier's Ray clusters get their memory back)."""
+so the integration tier's Ray clusters get their memory back).
+
+``tests/engine`` is a package (its ``__init__.py``) so that this file and
+``tests/conftest.py`` import under different names: the tests' ``from conftest import``
+reads the shared one."""
 from __future__ import annotations
 
 import pytest
