@@ -143,20 +143,23 @@ def test_since_mark_slices_the_host_times():
     mark = t.mark()
     t.record([1], [5], schedule_ns=7 * MS)
     t.add_wall(9.0)
-    t.add_host(8 * MS, 1 * MS, 2 * MS, 3 * MS)
+    t.add_host(8 * MS, 1 * MS, 2 * MS, 3 * MS, gc_ns=4 * MS)
     part = t.since(mark)
     assert len(part) == 1 and part.asynchronous is True
     assert list(part.schedule_ns) == [7 * MS] and list(part.update_ns) == [8 * MS]
     assert list(part.drafter_ns) == [MS] and list(part.scorer_ns) == [2 * MS]
-    assert part.host_ms() == ([15.0], [3.0], [3.0])
+    assert part.host_ms() == ([15.0], [3.0], [3.0]) and part.gc_ms() == [4.0]
+    assert t.gc_ms() == [0.0, 0.0, 4.0]
     p = part.project(PerSeq())
     assert p.per_step_host_counted_ms == pytest.approx([max(1, 15 + 3) + 3])
     assert (p.host_worker_ms, p.host_path_ms) == pytest.approx((6.0, 3.0))
     assert t.since(t.mark()).project(PerSeq()).host_counted_ms == 0.0
     d = t.to_dict()
     assert d["asynchronous"] is True and len(d["schedule_ns"]) == 3 == len(d["update_ns"])
+    assert d["gc_ns"] == [0, 0, 4 * MS]
     s = t.summary()
     assert s["schedule_ms"] == pytest.approx(11.0) and s["scorer_ms"] == pytest.approx(2.5)
+    assert s["gc_ms"] == pytest.approx(4.0)
 
 
 def test_the_gpu_only_projection_is_unchanged():
@@ -253,6 +256,55 @@ def test_trace_mixin_times_the_whole_override_chain(monkeypatch):
     assert list(t.update_ns) == [6 * MS, 6 * MS]          # the RL hook's 5 ms included
     assert list(t.drafter_ns) == [3 * MS, 0] and list(t.scorer_ns) == [0, 0]
     assert len(t.wall_ms) == 2
+
+
+def test_trace_counts_the_collectors_time_inside_the_core(monkeypatch):
+    """The garbage collector's time inside the scheduler's traced calls goes to the step
+    whose output comes next, as part of its core time (a fake collector clock)."""
+    from vllm_rl.engine import trace as trace_mod
+
+    clock = _Clock()
+    collector = SimpleNamespace(total_ns=0, install=lambda: None)
+    monkeypatch.setattr(trace_mod, "perf_counter_ns", clock)
+    monkeypatch.setattr(trace_mod, "GC", collector)
+    Sync, _ = _scheduler_classes(clock)
+
+    class Collecting(Sync):
+        def schedule(self):
+            collector.total_ns += MS            # a collection inside the scheduler
+            clock.ns += MS
+            return super().schedule()
+
+        def update_draft_token_ids(self, drafts):
+            collector.total_ns += 2 * MS        # and one in the drafts' hand-over
+            clock.ns += 2 * MS
+            return super().update_draft_token_ids(drafts)
+
+    s = Collecting()
+    s.update_from_output(s.schedule(), None)
+    s.update_draft_token_ids(None)
+    collector.total_ns += 5 * MS                # outside the traced calls: not the core's
+    s.update_from_output(s.schedule(), None)
+    t = s.rl_trace
+    assert list(t.gc_ns) == [MS, 3 * MS] and t.gc_ms() == [1.0, 3.0]
+    core, _, _ = t.host_ms()
+    assert core == [1 + 2 + 6, 2 + 4 + 1 + 2 + 6]         # the collections inside it
+
+
+def test_the_collector_clock_counts_a_collection():
+    import gc
+
+    from vllm_rl.engine.trace import GcClock
+
+    c = GcClock()
+    c.install()
+    c.install()                                   # once
+    try:
+        assert gc.callbacks.count(c._on_gc) == 1
+        gc.collect()
+        assert c.total_ns > 0
+    finally:
+        gc.callbacks.remove(c._on_gc)
 
 
 def test_no_trace_no_wrapping():

@@ -12,7 +12,8 @@ with the RL hooks, DAS's drafter, ARRoL's scorer), which a GPU server's host doe
 same; ``trace.project(cost, host_scale=1.0)`` prices the steps both without it
 (``gpu_ms``) and with it (``host_counted_ms``, :func:`vllm_rl.cost.host.host_counted`:
 added to the forward pass in a synchronous engine, overlapped with it in an asynchronous
-one).
+one).  Of the engine core's host time it also keeps the part Python's garbage collector
+took (``gc_ns``, :class:`GcClock`), so a long host step can be told from a collection.
 
 Switch it on per engine with ``vllm_rl.LLM(trace=True)`` (``additional_config
 ["vllm_rl_trace"]``); :class:`TracedScheduler` is stock vLLM's ``AsyncScheduler`` with
@@ -21,6 +22,7 @@ Read it with :func:`engine_trace` (in-process engines, ``VLLM_ENABLE_V1_MULTIPRO
 """
 from __future__ import annotations
 
+import gc
 import math
 import time
 from array import array
@@ -36,13 +38,39 @@ from vllm_rl.cost.host import WORKER
 from vllm_rl.engine import TRACE_KEY as CONFIG_KEY
 
 
+class GcClock:
+    """The time Python's garbage collector has run in this process, in ns: one callback
+    in ``gc.callbacks`` (installed by the first traced scheduler, never by an untraced
+    engine) adds each collection's duration to :attr:`total_ns`."""
+
+    def __init__(self) -> None:
+        self.total_ns = 0
+        self._start = 0
+        self._installed = False
+
+    def install(self) -> None:
+        if not self._installed:
+            gc.callbacks.append(self._on_gc)
+            self._installed = True
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = perf_counter_ns()
+        else:
+            self.total_ns += perf_counter_ns() - self._start
+
+
+GC = GcClock()
+
+
 class StepTrace:
     """Per engine step: query widths and cached contexts of its sequences, wall ms, and
     the host time on its critical path (ns): ``schedule_ns`` (the scheduler's
     ``schedule``), ``update_ns`` (``update_from_output``, the RL scheduler's hooks
     included), ``drafter_ns`` and ``scorer_ns`` (DAS's drafter and ARRoL's scorer in the
     model runner, in-process engines only: :data:`vllm_rl.cost.host.WORKER`) and
-    ``path_ns`` (host time after a wait for the device, async DAS steps that draft).
+    ``path_ns`` (host time after a wait for the device, async DAS steps that draft);
+    ``gc_ns``, the part of the core's (schedule and update) the garbage collector took.
     ``asynchronous`` is how the engine schedules (its scheduler is vLLM's
     ``AsyncScheduler``); ``None`` for a trace built by hand."""
 
@@ -60,6 +88,7 @@ class StepTrace:
         self.drafter_ns = array("q")
         self.scorer_ns = array("q")
         self.path_ns = array("q")
+        self.gc_ns = array("q")
         self.dropped = 0
 
     def record(self, widths: list[int], contexts: list[int], schedule_ns: int = 0) -> int:
@@ -86,14 +115,16 @@ class StepTrace:
             self.wall_ms.append(ms)
 
     def add_host(self, update_ns: int, drafter_ns: int = 0, scorer_ns: int = 0,
-                 path_ns: int = 0) -> None:
+                 path_ns: int = 0, gc_ns: int = 0) -> None:
         """Host time of one step's output: ``update_from_output``, and the drafter's,
-        the scorer's and the path time since the previous output."""
+        the scorer's and the path time since the previous output; ``gc_ns`` of the
+        core's time since the previous output was garbage collection."""
         if len(self.update_ns) < self.max_steps:
             self.update_ns.append(update_ns)
             self.drafter_ns.append(drafter_ns)
             self.scorer_ns.append(scorer_ns)
             self.path_ns.append(path_ns)
+            self.gc_ns.append(gc_ns)
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
@@ -125,6 +156,7 @@ class StepTrace:
         out.drafter_ns = self.drafter_ns[hosts:]
         out.scorer_ns = self.scorer_ns[hosts:]
         out.path_ns = self.path_ns[hosts:]
+        out.gc_ns = self.gc_ns[hosts:]
         return out
 
     def host_ms(self) -> tuple[list[float], list[float], list[float]]:
@@ -143,6 +175,13 @@ class StepTrace:
             path[i] = p / 1e6
         return core, worker, path
 
+    def gc_ms(self) -> list[float]:
+        """Per step, the ms of its core host time (:meth:`host_ms`) that were garbage
+        collection."""
+        n = len(self)
+        out = [ns / 1e6 for ns in self.gc_ns[:n]]
+        return out + [0.0] * (n - len(out))
+
     def summary(self) -> dict[str, float]:
         n = len(self)
         seqs = len(self._widths)
@@ -153,7 +192,7 @@ class StepTrace:
                                   for i in range(n)), default=0),
                 "schedule_ms": sum(self.schedule_ns) * ms, "update_ms": sum(self.update_ns) * ms,
                 "drafter_ms": sum(self.drafter_ns) * ms, "scorer_ms": sum(self.scorer_ns) * ms,
-                "path_ms": sum(self.path_ns) * ms}
+                "path_ms": sum(self.path_ns) * ms, "gc_ms": sum(self.gc_ns) * ms}
 
     def project(self, cost: Any, host_scale: float = 1.0):
         """The same steps priced by ``cost`` (a :class:`vllm_rl.cost.StepCost` or a
@@ -184,7 +223,8 @@ class StepTrace:
                 "contexts": list(self._contexts), "wall_ms": list(self.wall_ms),
                 "asynchronous": self.asynchronous, "schedule_ns": list(self.schedule_ns),
                 "update_ns": list(self.update_ns), "drafter_ns": list(self.drafter_ns),
-                "scorer_ns": list(self.scorer_ns), "path_ns": list(self.path_ns)}
+                "scorer_ns": list(self.scorer_ns), "path_ns": list(self.path_ns),
+                "gc_ns": list(self.gc_ns)}
 
 
 class TraceMixin:
@@ -193,7 +233,8 @@ class TraceMixin:
     ``schedule``, ``update_from_output`` and ``update_draft_token_ids`` are shadowed by
     instance attributes that time the class's own method (the RL scheduler's hooks
     included, whichever class sits above this one), one ``perf_counter_ns`` pair per
-    call; with the trace off nothing is wrapped."""
+    call, and the garbage collector's time inside those calls (:data:`GC`); with the
+    trace off nothing is wrapped."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -201,20 +242,23 @@ class TraceMixin:
         self.rl_trace: StepTrace | None = None
         self._trace_t0: float | None = None
         self._trace_pending_ns = 0     # host time of calls that scheduled nothing
+        self._trace_gc_ns = 0          # of the core's time since the last output, GC's
         # async speculative steps in flight: scheduler output id -> (width position,
         # request id, placeholder drafts) of each sequence scheduled with placeholders
         self._trace_spec: dict[int, list[tuple[int, str, int]]] = {}
         if extra.get(CONFIG_KEY):
             self.rl_trace = StepTrace(asynchronous=isinstance(self, AsyncScheduler))
+            GC.install()
             self.schedule = self._traced_schedule
             self.update_from_output = self._traced_update_from_output
             if hasattr(self, "update_draft_token_ids"):
                 self.update_draft_token_ids = self._traced_update_draft_token_ids
 
     def _traced_schedule(self, *args, **kwargs):
-        t0 = perf_counter_ns()
+        g0, t0 = GC.total_ns, perf_counter_ns()
         out = type(self).schedule(self, *args, **kwargs)
         dt = perf_counter_ns() - t0
+        self._trace_gc_ns += GC.total_ns - g0
         if not out.num_scheduled_tokens:
             self._trace_pending_ns += dt
             return out
@@ -238,9 +282,10 @@ class TraceMixin:
         return out
 
     def _traced_update_from_output(self, scheduler_output, model_runner_output):
-        t0 = perf_counter_ns()
+        g0, t0 = GC.total_ns, perf_counter_ns()
         outputs = type(self).update_from_output(self, scheduler_output, model_runner_output)
         t1 = perf_counter_ns()
+        self._trace_gc_ns += GC.total_ns - g0
         held = self._trace_spec.pop(id(scheduler_output), None)
         step = step_output.of(model_runner_output)
         drafts = None if step is None else step.drafts
@@ -248,7 +293,8 @@ class TraceMixin:
             for position, rid, scheduled in held:
                 self.rl_trace.narrow(position, scheduled - drafts.get(rid, 0))
         if self._trace_t0 is not None and scheduler_output.total_num_scheduled_tokens:
-            self.rl_trace.add_host(t1 - t0, *WORKER.take())
+            self.rl_trace.add_host(t1 - t0, *WORKER.take(), gc_ns=self._trace_gc_ns)
+            self._trace_gc_ns = 0
             now = time.perf_counter()
             self.rl_trace.add_wall((now - self._trace_t0) * 1e3)
             self._trace_t0 = now if self.has_unfinished_requests() else None
@@ -259,9 +305,10 @@ class TraceMixin:
     def _traced_update_draft_token_ids(self, *args, **kwargs):
         """The drafts of a synchronous engine, handed over after the output: host time
         of the next step's scheduling."""
-        t0 = perf_counter_ns()
+        g0, t0 = GC.total_ns, perf_counter_ns()
         out = type(self).update_draft_token_ids(self, *args, **kwargs)
         self._trace_pending_ns += perf_counter_ns() - t0
+        self._trace_gc_ns += GC.total_ns - g0
         return out
 
 

@@ -133,7 +133,8 @@ def _summarize_step(name: str, repeat: int, steps, groups: list, wall: float, co
     timeline = {"gpu_ms": list(proj.per_step_ms),
                 "core_ms": [host_scale * c for c in core],
                 "worker_ms": [host_scale * w for w in worker],
-                "path_ms": [host_scale * p for p in path]}
+                "path_ms": [host_scale * p for p in path],
+                "gc_ms": [host_scale * g for g in steps.gc_ms()]}     # of core_ms
     return Run(name, repeat, wall, sum(lengths), len(steps), proj.total_ms,
                len(lengths), len(kept),
                statistics.fmean(r for r, _ in kept) if kept else 0.0,
