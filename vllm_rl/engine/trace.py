@@ -46,12 +46,10 @@ class GcClock:
     def __init__(self) -> None:
         self.total_ns = 0
         self._start = 0
-        self._installed = False
 
     def install(self) -> None:
-        if not self._installed:
+        if self._on_gc not in gc.callbacks:
             gc.callbacks.append(self._on_gc)
-            self._installed = True
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
