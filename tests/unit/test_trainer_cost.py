@@ -138,6 +138,34 @@ def test_every_axis_priced_and_the_trainer_dilutes_a_rollout_gain():
     assert set(train_budget.present(old)) == {"rollout", "gpu"}      # before the trainer
 
 
+def test_the_host_hidden_axis_and_where_the_time_goes():
+    """The host-hidden axis prices the rollout's forward passes alone; reprice gives it to
+    runs recorded before it; the parts of a colocated step add up to its end to end."""
+    from vllm_rl.bench.train import report as train
+
+    runs = [_run("stock", s, [0.6, 0.7], 1.0, 64, 256) for s in range(2)]
+    runs += [_run("das+partial", s, [0.6, 0.7], 0.5, 64, 256) for s in range(2)]
+    for r in runs:
+        r["args"] = {"topology": HEADLINE, "trainer_cost": None}
+        for st in r["steps"]:
+            st.update(host_core_s=0.2, host_gc_s=0.01)
+    train_budget.reprice(runs)
+    row = runs[0]["steps"][0]
+    trainer = row["trainer"]
+    assert row["e2e_gpu_s"] == pytest.approx(0.9 + trainer["trainer_s"] + trainer["sync_s"])
+    assert row["e2e_s"] - row["e2e_gpu_s"] == pytest.approx(0.1)      # the host's part
+    summary = train.summarize(runs)
+    assert "e2e host hidden" in train.speedup_table(summary)
+    text = train.parts_table(runs)
+    assert "| rollout, host beyond them | 0.10 | 0.05 |" in text
+    assert "| garbage collection, share of the core's host time | 5.0% | 5.0% |" in text
+    ceiling = row["e2e_s"] / (trainer["trainer_s"] + trainer["sync_s"])
+    assert f"stock's step {ceiling:.2f}× faster" in text
+    del runs[1]["steps"][0]["host_gc_s"]                 # a run recorded before the field
+    assert "| – |" in train.parts_table(runs)
+    assert train.parts_table([r for r in runs if r["config"] != "stock"]) == ""
+
+
 def test_checkpoint_state_round_trip(tmp_path):
     class Rollout:
         calls, _seen, planner, duet_allocation, arrol_feedback = 3, {"a"}, None, None, None

@@ -14,14 +14,18 @@ from pathlib import Path
 def render(doc: dict) -> str:
     if "runs" in doc and doc["runs"] and "heldout_start" in doc["runs"][0]:
         from vllm_rl.bench.train import report as train_report
+        from vllm_rl.bench.train.budget import reprice
 
+        reprice(doc["runs"])
         summary = train_report.summarize(doc["runs"])
         parts = [train_report.table(summary)]
         for title, text in (("Speed-up at equal accuracy (geometric mean over seeds, 95% "
                              "t-interval on the log scale)", train_report.speedup_table(summary)),
                             ("At stock's final mean, on every axis",
                              train_report.axes_table(summary)),
-                            ("Per seed, at stock's final mean", train_report.seeds_table(summary))):
+                            ("Per seed, at stock's final mean", train_report.seeds_table(summary)),
+                            ("Where each configuration's end-to-end time goes",
+                             train_report.parts_table(doc["runs"]))):
             if text:
                 parts.append(f"{title}:\n\n{text}")
         return "\n\n".join(parts)

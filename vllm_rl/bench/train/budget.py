@@ -13,6 +13,9 @@ trainer's time and the step's end-to-end time on every axis:
 * ``e2e_trainer_x0.5_s`` / ``e2e_trainer_x2_s``: the topology's accounting with the
   trainer's passes and optimizer at half and twice their modelled time (the
   sensitivity);
+* ``e2e_gpu_s``: the topology's accounting with the rollout's forward passes alone
+  (``h100_s``): a host fast enough to hide all its work under them, the bound on what
+  the host time measured here costs;
 * ``h100_host_s``: the rollout alone, host counted; ``h100_s``: its forward passes.
 """
 from __future__ import annotations
@@ -27,7 +30,8 @@ SENSITIVITY = (0.5, 2.0)
 #: The axes, by label: the step row's key.  The first is the headline.
 AXES = {"e2e": "e2e_s", "rollout": "h100_host_s", "gpu": "h100_s",
         **{f"e2e {a}": f"e2e_{a}_s" for a in ACCOUNTINGS},
-        **{f"trainer x{k:g}": f"e2e_trainer_x{k:g}_s" for k in SENSITIVITY}}
+        **{f"trainer x{k:g}": f"e2e_trainer_x{k:g}_s" for k in SENSITIVITY},
+        "e2e host hidden": "e2e_gpu_s"}
 
 #: What each axis counts, in words (the tables' and the plot's labels).
 AXIS_WORDS = {"e2e": "end to end (rollout host counted + trainer + sync, the topology's "
@@ -36,7 +40,9 @@ AXIS_WORDS = {"e2e": "end to end (rollout host counted + trainer + sync, the top
               "e2e colocated": "colocated: rollout + trainer + sync",
               "e2e overlap": "one-step overlap: max(rollout, trainer) + sync",
               **{f"trainer x{k:g}": f"end to end, the trainer's time x{k:g}"
-                 for k in SENSITIVITY}}
+                 for k in SENSITIVITY},
+              "e2e host hidden": "end to end, the host hidden (rollout GPU only + trainer "
+                                 "+ sync)"}
 
 
 def trained_of(row: dict) -> TrainedBatch | None:
@@ -59,6 +65,8 @@ def price_step(row: dict, cost: TrainerCost) -> dict[str, Any]:
     for k in SENSITIVITY:
         out[f"e2e_trainer_x{k:g}_s"] = end_to_end(rollout, cost.with_scale(k).step(batch),
                                                   cost.topo.accounting)
+    if "h100_s" in row:
+        out["e2e_gpu_s"] = end_to_end(row["h100_s"], own, cost.topo.accounting)
     return out
 
 
@@ -67,6 +75,16 @@ def price(runs: list[dict], cost: TrainerCost) -> None:
     for run in runs:
         for row in run["steps"]:
             row.update(price_step(row, cost))
+
+
+def reprice(runs: list[dict]) -> None:
+    """:func:`price` every run that names its topology again, in place, on its own
+    topology and trainer cost: the same figures for the axes it was recorded with, and
+    the axes added since for runs recorded before them."""
+    for run in runs:
+        a = run.get("args") or {}
+        if a.get("topology"):
+            price([run], TrainerCost.load(a["topology"], a.get("trainer_cost")))
 
 
 def present(runs: list[dict]) -> dict[str, str]:

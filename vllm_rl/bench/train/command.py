@@ -82,9 +82,9 @@ from pathlib import Path
 
 from vllm_rl.bench.logs import provenance
 from vllm_rl.bench.matrix import CONFIGS, is_config
-from vllm_rl.bench.train.budget import budget_of, spend_key
-from vllm_rl.bench.train.report import (axes_table, plot, seeds_table, speedup_table,
-                                        summarize, table, topology_table)
+from vllm_rl.bench.train.budget import budget_of, reprice, spend_key
+from vllm_rl.bench.train.report import (axes_table, parts_table, plot, seeds_table,
+                                        speedup_table, summarize, table, topology_table)
 from vllm_rl.bench.train.run import _messages, _worker
 from vllm_rl.cost.trainer import TOPOLOGIES, TrainerCost, topology
 from vllm_rl.task.kits import DEFAULT as DEFAULT_TASK
@@ -332,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     for p in procs:
         p.join()
     bar.close()
+    reprice(runs)                     # the axes added since a reused run was recorded
     summary = summarize(runs)
     doc = {"args": vars(args), "provenance": provenance(), "summary": summary, "runs": runs,
            "wall_s": time.perf_counter() - t0, "errors": [e[:2] for e in errors]}
@@ -350,6 +351,8 @@ def main(argv: list[str] | None = None) -> None:
         print(axes_table(summary))
         print("\nPer seed, at stock's final mean:\n")
         print(seeds_table(summary))
+        print("\nWhere each configuration's end-to-end time goes:\n")
+        print(parts_table(runs))
         others = topology_table(runs, args)
         if others:
             print("\nThe same runs priced on the other topologies of the shape (their "

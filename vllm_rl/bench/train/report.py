@@ -192,14 +192,15 @@ def _speedup(cell: dict | None) -> str:
 
 def speedup_table(summary: dict) -> str:
     """Speed-up at equal accuracy: per level, on the first axis the runs have (end to end
-    where the trainer is charged), the rollout-only axes beside it."""
+    where the trainer is charged), end to end with the host hidden and the rollout-only
+    axes beside it."""
     first = next(iter(summary.values()), {})
     targets = first.get("levels") or []
     if not targets:
         return ""
     sp0 = first.get("speedup", {})
     main = next((a for a in ("e2e", "rollout", "gpu") if a in sp0), None)
-    beside = [a for a in ("rollout", "gpu") if a in sp0 and a != main]
+    beside = [a for a in ("e2e host hidden", "rollout", "gpu") if a in sp0 and a != main]
     last = len(targets) - 1
     head = ["config"] + [f"acc {lv:.3f}" + (" (stock's final mean)" if k == last else "")
                          for k, lv in enumerate(targets)]
@@ -274,6 +275,52 @@ def topology_table(runs: list[dict], args) -> str:
             _speedup(cols[t][c]["speedup"]["e2e"][-1]) if cols[t][c].get("speedup") else "–"
             for t in names) + " |")
     return "\n".join(lines)
+
+
+#: Where a step's end-to-end time goes (:func:`parts_table`): label, the part's seconds.
+PARTS = (("rollout, forward passes", lambda s: s["h100_s"]),
+         ("rollout, host beyond them", lambda s: s["h100_host_s"] - s["h100_s"]),
+         ("trainer: log-prob, forward and backward, optimizer",
+          lambda s: s["trainer"]["trainer_s"]),
+         ("weight sync", lambda s: s["trainer"]["sync_s"]),
+         ("end to end", lambda s: s["e2e_s"]))
+
+
+def parts_table(runs: list[dict]) -> str:
+    """Where each configuration's end-to-end time goes: each part's mean seconds per
+    step over its runs' steps (``PARTS``; the host part is host counted minus the forward
+    passes, what the engine's host work adds as it schedules), the steps per run, and
+    the garbage collector's share of the engine core's host time where it was recorded.
+    The last line is the ceiling the trainer sets: stock's step over its trainer and
+    sync, the speed-up a rollout that took no time would give."""
+    by: dict[str, list[dict]] = {}
+    for r in runs:
+        by.setdefault(r["config"], []).append(r)
+    if "stock" not in by or not all("trainer" in s and "e2e_s" in s
+                                    for r in runs for s in r["steps"]):
+        return ""
+    order = sorted(by, key=lambda c: (c != "stock", list(by).index(c)))
+    head = ["per step, mean s"] + order
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, part in PARTS:
+        cells = [statistics.fmean(part(s) for r in by[c] for s in r["steps"]) for c in order]
+        lines.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in cells) + " |")
+    lines.append("| steps per run | " + " | ".join(
+        f"{statistics.fmean(len(r['steps']) for r in by[c]):.1f}" for c in order) + " |")
+    gc_cells = []
+    for c in order:
+        steps = [s for r in by[c] for s in r["steps"]]
+        core = sum(s.get("host_core_s", 0.0) for s in steps)
+        gc_cells.append(f"{sum(s['host_gc_s'] for s in steps) / core:.1%}"
+                        if core and all("host_gc_s" in s for s in steps) else "–")
+    lines.append("| garbage collection, share of the core's host time | "
+                 + " | ".join(gc_cells) + " |")
+    stock = [s for r in by["stock"] for s in r["steps"]]
+    ceiling = (statistics.fmean(s["e2e_s"] for s in stock)
+               / statistics.fmean(s["trainer"]["trainer_s"] + s["trainer"]["sync_s"]
+                                  for s in stock))
+    return "\n".join(lines) + (f"\n\nA rollout that took no time would make stock's step "
+                               f"{ceiling:.2f}× faster end to end.")
 
 
 def _opt(r: dict, key: str, fmt: str) -> str:

@@ -146,12 +146,14 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
             rows = [(p, i, t) for p, infos, texts in zip(last.prompts, last.infos, last.texts)
                     for i, t in zip(infos, texts)]
             kept = [reward(p, t) for (p, _, t), m in zip(rows, marks) if m.keep]
-            proj = trace.since(state["mark"]).project(cost, host_scale=args.host_scale)
+            since = trace.since(state["mark"])
+            proj = since.project(cost, host_scale=args.host_scale)
             row = {"step": st.global_step, "train_reward": statistics.fmean(kept) if kept else 0.0,
                    "h100_s": proj.total_ms / 1000, "h100_host_s": proj.host_counted_ms / 1000,
                    "host_core_s": proj.host_core_ms / 1000,
                    "host_worker_s": proj.host_worker_ms / 1000,
-                   "engine_steps": len(trace.since(state["mark"])),
+                   "host_gc_s": sum(since.gc_ms()) / 1000,
+                   "engine_steps": len(since),
                    "tokens": last.generated_tokens, "samples": len(rows),
                    "redundant": sum(last.redundant), "rollout_cpu_s": last.wall_s,
                    "groups": len(last.prompts), "carried": last.carried,
