@@ -47,12 +47,15 @@ def test_quick_run_resumes_from_its_last_step_and_writes_the_table_json_and_png(
             assert row["h100_s"] > 0 and row["engine_steps"] > 0 and "heldout" in row
             assert row["grad_norm"] >= 0
             assert row["h100_host_s"] >= row["h100_s"] and row["host_core_s"] > 0
+            assert 0 <= row["host_gc_s"] <= row["host_core_s"] and row["cpu_share"] > 0
             rows = len(row["trained"]["completion_lengths"])     # 2 prompts x M, or more
             # rows per prompt where a group keeps more (DUET's eps-kept beside its M)
             assert rows == 2 * 4 if run["config"] == "stock" else rows >= 2 * 4
             assert row["trainer"]["trainer_s"] > 0
             assert row["e2e_s"] == pytest.approx(row["h100_host_s"] + row["trainer"]["trainer_s"]
                                                  + row["trainer"]["sync_s"])
+            assert row["e2e_gpu_s"] == pytest.approx(row["h100_s"] + row["trainer"]["trainer_s"]
+                                                     + row["trainer"]["sync_s"])
             assert {"diag_loss_samples_mean", "diag_zero_adv_groups", "diag_ess_fraction",
                     "diag_eps_weight_share"} <= set(row)
     allrun = next(r for r in doc["runs"] if r["config"] == "all")

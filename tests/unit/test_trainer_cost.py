@@ -148,7 +148,7 @@ def test_the_host_hidden_axis_and_where_the_time_goes():
     for r in runs:
         r["args"] = {"topology": HEADLINE, "trainer_cost": None}
         for st in r["steps"]:
-            st.update(host_core_s=0.2, host_gc_s=0.01)
+            st.update(host_core_s=0.2, host_gc_s=0.01, cpu_share=0.5 if r["seed"] else 1.0)
     train_budget.reprice(runs)
     row = runs[0]["steps"][0]
     trainer = row["trainer"]
@@ -161,6 +161,7 @@ def test_the_host_hidden_axis_and_where_the_time_goes():
     assert "| garbage collection, share of the core's host time | 5.0% | 5.0% |" in text
     ceiling = row["e2e_s"] / (trainer["trainer_s"] + trainer["sync_s"])
     assert f"stock's step {ceiling:.2f}× faster" in text
+    assert "| the run's share of a CPU, lowest run (host times inflate below 1) | 0.50 | 0.50 |" in text
     del runs[1]["steps"][0]["host_gc_s"]                 # a run recorded before the field
     assert "| – |" in train.parts_table(runs)
     assert train.parts_table([r for r in runs if r["config"] != "stock"]) == ""

@@ -290,7 +290,8 @@ def parts_table(runs: list[dict]) -> str:
     """Where each configuration's end-to-end time goes: each part's mean seconds per
     step over its runs' steps (``PARTS``; the host part is host counted minus the forward
     passes, what the engine's host work adds as it schedules), the steps per run, and
-    the garbage collector's share of the engine core's host time where it was recorded.
+    the garbage collector's share of the engine core's host time and the lowest run's
+    share of a CPU (:func:`_cpu_share`) where they were recorded.
     The last line is the ceiling the trainer sets: stock's step over its trainer and
     sync, the speed-up a rollout that took no time would give."""
     by: dict[str, list[dict]] = {}
@@ -315,12 +316,26 @@ def parts_table(runs: list[dict]) -> str:
                         if core and all("host_gc_s" in s for s in steps) else "–")
     lines.append("| garbage collection, share of the core's host time | "
                  + " | ".join(gc_cells) + " |")
+    lines.append("| the run's share of a CPU, lowest run (host times inflate below 1) | "
+                 + " | ".join(_cpu_share(by[c]) for c in order) + " |")
     stock = [s for r in by["stock"] for s in r["steps"]]
     ceiling = (statistics.fmean(s["e2e_s"] for s in stock)
                / statistics.fmean(s["trainer"]["trainer_s"] + s["trainer"]["sync_s"]
                                   for s in stock))
     return "\n".join(lines) + (f"\n\nA rollout that took no time would make stock's step "
                                f"{ceiling:.2f}× faster end to end.")
+
+
+def _cpu_share(runs: list[dict]) -> str:
+    """The lowest of the runs' CPU shares (each run's CPU time over its wall time across
+    its steps), or – where a run did not record it."""
+    shares = []
+    for r in runs:
+        steps = r["steps"]
+        if not steps or not all("cpu_share" in s for s in steps):
+            return "–"
+        shares.append(statistics.fmean(s["cpu_share"] for s in steps))
+    return f"{min(shares):.2f}"
 
 
 def _opt(r: dict, key: str, fmt: str) -> str:

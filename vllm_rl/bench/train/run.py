@@ -137,7 +137,7 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
         order += epoch
     dataset = Dataset.from_dict({"prompt": order[:max_steps * args.prompts]})
     steps: list[dict] = []
-    state = {"mark": trace.mark(), "spent": 0.0, "resumed_at": []}
+    state = {"mark": trace.mark(), "clock": _clock(), "spent": 0.0, "resumed_at": []}
 
     class Record(TrainerCallback):
         def on_step_end(self, a, st, control, **kw):
@@ -146,13 +146,15 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
             rows = [(p, i, t) for p, infos, texts in zip(last.prompts, last.infos, last.texts)
                     for i, t in zip(infos, texts)]
             kept = [reward(p, t) for (p, _, t), m in zip(rows, marks) if m.keep]
+            cpu, wall = time.process_time(), time.perf_counter()
+            cpu_share = (cpu - state["clock"][0]) / max(wall - state["clock"][1], 1e-9)
             since = trace.since(state["mark"])
             proj = since.project(cost, host_scale=args.host_scale)
             row = {"step": st.global_step, "train_reward": statistics.fmean(kept) if kept else 0.0,
                    "h100_s": proj.total_ms / 1000, "h100_host_s": proj.host_counted_ms / 1000,
                    "host_core_s": proj.host_core_ms / 1000,
                    "host_worker_s": proj.host_worker_ms / 1000,
-                   "host_gc_s": sum(since.gc_ms()) / 1000,
+                   "host_gc_s": sum(since.gc_ms()) / 1000, "cpu_share": cpu_share,
                    "engine_steps": len(since),
                    "tokens": last.generated_tokens, "samples": len(rows),
                    "redundant": sum(last.redundant), "rollout_cpu_s": last.wall_s,
@@ -180,7 +182,7 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
             steps.append(row)
             if args.stop_after is not None and st.global_step > args.stop_after:
                 raise Stopped(f"stopped after step {args.stop_after} (--stop-after)")
-            state["mark"] = trace.mark()
+            state["mark"], state["clock"] = trace.mark(), _clock()
             if progress is not None:
                 progress(name, seed, row)
 
@@ -224,13 +226,20 @@ def run_one(name: str, seed: int, args, engines: dict, progress=None,
         start = _accuracy(llm, held, args)
         if start_cache is not None:
             start_cache[kind] = start
-    state["mark"] = trace.mark()                  # evaluations are not rollout time
+    state["mark"], state["clock"] = trace.mark(), _clock()   # evaluations are not rollout time
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     train_resume.clear(run_dir)
     return {"config": name, "seed": seed, "flags": flags, "heldout_start": start,
             "budget_s": budget_s, "budget_axis": spend, "steps": steps,
             "resumed_at": state["resumed_at"], "trainer_cost": trainer_cost.describe(),
             "wall_s": time.perf_counter() - t0}
+
+
+def _clock() -> tuple[float, float]:
+    """The process's CPU time and the wall clock: over a step, their ratio is the share of
+    a CPU the run had (``cpu_share``; well under 1 where other processes took its core,
+    which inflates every host time the trace measures)."""
+    return time.process_time(), time.perf_counter()
 
 
 class Stopped(RuntimeError):
