@@ -81,10 +81,14 @@ def reprice(runs: list[dict]) -> None:
     """:func:`price` every run that names its topology again, in place, on its own
     topology and trainer cost: the same figures for the axes it was recorded with, and
     the axes added since for runs recorded before them."""
+    costs: dict[tuple, TrainerCost] = {}
     for run in runs:
         a = run.get("args") or {}
         if a.get("topology"):
-            price([run], TrainerCost.load(a["topology"], a.get("trainer_cost")))
+            key = (a["topology"], a.get("trainer_cost"))
+            if key not in costs:
+                costs[key] = TrainerCost.load(*key)
+            price([run], costs[key])
 
 
 def present(runs: list[dict]) -> dict[str, str]:

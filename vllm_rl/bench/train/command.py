@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = [(n, s) for s in range(args.seeds) for n in names]
     runs = [r for r in (_finished(out, n, s, args) for n, s in jobs) if r] if args.resume else []
+    reprice(runs)                     # the axes added since a reused run was recorded
     done = {(r["config"], r["seed"]) for r in runs}
     todo = [j for j in jobs if j not in done]
     workers = max(1, min(args.workers, len(todo)))
@@ -332,7 +333,6 @@ def main(argv: list[str] | None = None) -> None:
     for p in procs:
         p.join()
     bar.close()
-    reprice(runs)                     # the axes added since a reused run was recorded
     summary = summarize(runs)
     doc = {"args": vars(args), "provenance": provenance(), "summary": summary, "runs": runs,
            "wall_s": time.perf_counter() - t0, "errors": [e[:2] for e in errors]}
